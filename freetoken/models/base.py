@@ -1,0 +1,52 @@
+"""The contract every model family implements.
+
+A model is a ``torch.nn.Module`` that runs one sequence at a time against a per-request
+:class:`SequenceState` (attention KV cache + Gated DeltaNet conv/recurrent state). Positions are
+implicit: the state knows how many tokens it has already consumed.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+
+
+class SequenceState(ABC):
+    """Per-request cache of one sequence.
+
+    Attributes:
+        num_tokens: tokens already consumed (the position of the next token).
+    """
+
+    num_tokens: int
+
+
+class CausalLM(torch.nn.Module, ABC):
+    """A causal language model over a per-request state.
+
+    Attributes:
+        config: the engine's flat view of the HF config (``freetoken.models.config.ModelConfig``).
+    """
+
+    @abstractmethod
+    def new_state(self) -> SequenceState:
+        """Return an empty state for a new sequence (no tokens consumed)."""
+
+    @abstractmethod
+    def forward(
+        self, input_ids: torch.Tensor, state: SequenceState, all_logits: bool = False
+    ) -> torch.Tensor:
+        """Consume ``input_ids`` after ``state.num_tokens`` earlier tokens.
+
+        Long inputs are processed internally in chunks so memory stays bounded (a 30k-token
+        prompt must not materialise a [T, T] attention matrix).
+
+        Args:
+            input_ids: ``[T]`` int64 token ids, T >= 1 (prefill chunk or one decode token).
+            state: updated in place; ``state.num_tokens`` grows by T.
+            all_logits: return logits for every position instead of only the last one.
+
+        Returns:
+            ``[T, V]`` float32 logits if ``all_logits`` else ``[1, V]`` for the last position.
+        """

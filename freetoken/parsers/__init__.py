@@ -1,0 +1,1 @@
+"""Streaming-safe output parsers: reasoning blocks and tool calls."""

@@ -1,0 +1,98 @@
+"""Loads a Hugging Face tokenizer directory (tokenizer.json + tokenizer_config.json).
+
+Follows the HF file layout: ``tokenizer.json`` (the ``tokenizers`` library format),
+``tokenizer_config.json`` (special-token names, ``chat_template``), an optional
+``chat_template.jinja`` (newer repos keep the template there) and ``generation_config.json``
+(the stop ids, often a list).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from tokenizers import Tokenizer as _HFTokenizer
+
+
+def _read_json(path: Path) -> dict:
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+
+
+def _token_content(value: object) -> str | None:
+    if isinstance(value, dict):
+        return value.get("content")
+    return value if isinstance(value, str) else None
+
+
+@dataclass
+class Tokenizer:
+    """Byte-level BPE tokenizer of a checkpoint.
+
+    Attributes:
+        path: the directory it was loaded from.
+        eos_token_ids: ids that end generation, from generation_config.json, config.json and
+            tokenizer_config.json's ``eos_token`` (deduplicated, in that order).
+        chat_template: the checkpoint's own jinja chat template, or None.
+        special_ids: ids of all added tokens marked special.
+    """
+
+    path: Path
+    hf: _HFTokenizer
+    eos_token_ids: tuple[int, ...]
+    chat_template: str | None
+    special_ids: frozenset[int]
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path) -> "Tokenizer":
+        """Load ``path/tokenizer.json`` and the side files.
+
+        Raises:
+            FileNotFoundError: ``tokenizer.json`` is missing.
+        """
+        path = Path(path)
+        tok_file = path / "tokenizer.json"
+        if not tok_file.is_file():
+            raise FileNotFoundError(f"no tokenizer.json in {path}")
+        hf = _HFTokenizer.from_file(str(tok_file))
+        tcfg = _read_json(path / "tokenizer_config.json")
+        gcfg = _read_json(path / "generation_config.json")
+        mcfg = _read_json(path / "config.json")
+        eos: list[int] = []
+        for src in (gcfg.get("eos_token_id"), mcfg.get("eos_token_id")):
+            for i in src if isinstance(src, list) else [src]:
+                if isinstance(i, int) and i not in eos:
+                    eos.append(i)
+        name = _token_content(tcfg.get("eos_token"))
+        if name is not None and hf.token_to_id(name) is not None and hf.token_to_id(name) not in eos:
+            eos.append(hf.token_to_id(name))
+        template = tcfg.get("chat_template")
+        if isinstance(template, list):  # named templates: [{"name": "default", "template": ...}]
+            named = {t.get("name"): t.get("template") for t in template}
+            template = named.get("default") or next(iter(named.values()), None)
+        jinja_file = path / "chat_template.jinja"
+        if jinja_file.is_file():
+            template = jinja_file.read_text(encoding="utf-8")
+        special = frozenset(i for i, t in hf.get_added_tokens_decoder().items() if t.special)
+        return cls(path, hf, tuple(eos), template, special)
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of token ids the tokenizer can produce (including added tokens)."""
+        return self.hf.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text``; added tokens written in the text (``<|im_start|>``) map to their ids."""
+        return self.hf.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: list[int] | tuple[int, ...], skip_special_tokens: bool = False) -> str:
+        """Text of ``ids``; invalid UTF-8 byte sequences decode to U+FFFD."""
+        return self.hf.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def token_to_id(self, token: str) -> int | None:
+        """Id of a vocabulary entry (e.g. ``"<|im_end|>"``), or None."""
+        return self.hf.token_to_id(token)
+
+    def id_to_token(self, token_id: int) -> str | None:
+        """Vocabulary entry of ``token_id`` (byte-level form), or None."""
+        return self.hf.id_to_token(token_id)
