@@ -36,3 +36,21 @@ class ToolCallEvent:
 
 
 ParserEvent = TextDelta | ReasoningDelta | ToolCallEvent
+
+
+def coalesce(events: list[ParserEvent]) -> list[ParserEvent]:
+    """Merge adjacent TextDelta (and adjacent ReasoningDelta) events into one.
+
+    A parser's event stream depends on how the text was chunked only in how deltas are split;
+    coalesced streams are equal whatever the chunking.
+    """
+    out: list[ParserEvent] = []
+    for event in events:
+        last = out[-1] if out else None
+        if isinstance(event, TextDelta) and isinstance(last, TextDelta):
+            out[-1] = TextDelta(last.text + event.text)
+        elif isinstance(event, ReasoningDelta) and isinstance(last, ReasoningDelta):
+            out[-1] = ReasoningDelta(last.text + event.text)
+        else:
+            out.append(event)
+    return out

@@ -1,0 +1,229 @@
+"""The asyncio front of the engine: one background thread runs the engine loop.
+
+Threading model: the loop thread alone touches the :class:`Engine` (scheduler, runner, model).
+Other threads talk to it through a command inbox (``add`` / ``abort`` / ``stop``); the loop
+drains the inbox before every step, so an abort lands within one step (at most one prefill
+chunk). Output chunks cross back with ``loop.call_soon_threadsafe`` into the asyncio.Queue of
+the caller's event loop. The loop blocks on the inbox while idle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import torch
+
+from freetoken.core import EngineInfo, GenerationOutput, GenerationRequest
+from freetoken.engine.client import EngineClient
+from freetoken.engine.engine import Engine
+from freetoken.engine.validate import validate_request
+from freetoken.models.base import CausalLM
+from freetoken.tokenizer.tokenizer import Tokenizer
+
+logger = logging.getLogger("freetoken.engine")
+
+_STOP = ("stop",)
+
+
+class AsyncEngine(EngineClient):
+    """:class:`EngineClient` over an :class:`Engine` running in a daemon thread.
+
+    Args:
+        model: the causal LM (on its device, eval mode).
+        tokenizer: its tokenizer.
+        info: model facts (max_model_len, vocab size, EOS ids) exposed to the API layer.
+        max_num_batched_tokens: prefill chunk size / token budget per step.
+        device: where inputs and generators live (default: the model's device).
+    """
+
+    def __init__(
+        self,
+        model: CausalLM,
+        tokenizer: Tokenizer,
+        info: EngineInfo,
+        *,
+        max_num_batched_tokens: int = 2048,
+        device: str | None = None,
+    ) -> None:
+        self.info = info
+        self.tokenizer = tokenizer
+        self._engine = Engine(
+            model, tokenizer, info, max_num_batched_tokens=max_num_batched_tokens, device=device
+        )
+        self._inbox: queue.SimpleQueue[tuple] = queue.SimpleQueue()
+        self._keys = itertools.count()
+        self._lock = threading.Lock()
+        self._failure: str | None = None
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="freetoken-engine", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path: str | Path,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: str = "cpu",
+        max_model_len: int | None = None,
+        progress: Callable[[str], None] | None = None,
+        max_num_batched_tokens: int = 2048,
+    ) -> "AsyncEngine":
+        """Load a checkpoint directory (weights, config and tokenizer) and start the engine.
+
+        Args:
+            path: HF checkpoint directory.
+            dtype: compute dtype of the weights.
+            device: ``"cpu"`` or ``"cuda[:i]"``.
+            max_model_len: context limit; default and upper bound is the config's
+                ``max_position_embeddings``.
+            progress: called with human-readable load progress lines (the CLI prints them).
+            max_num_batched_tokens: prefill chunk size.
+
+        Raises:
+            FileNotFoundError, ValueError: from the model loader or tokenizer (missing files,
+                unsupported architecture), or ``max_model_len`` < 2 or above the config's limit.
+        """
+        from freetoken.models.config import ModelConfig
+        from freetoken.models.registry import load_model
+
+        say = progress or (lambda _message: None)
+        path = Path(path)
+        config = ModelConfig.from_file(path)
+        limit = config.max_position_embeddings
+        if max_model_len is not None and not 2 <= max_model_len <= limit:
+            raise ValueError(f"max_model_len must be in [2, {limit}] for {path}, got {max_model_len}")
+        say(f"reading tokenizer from {path}")
+        tokenizer = Tokenizer.from_pretrained(path)
+        say(f"loading {config.model_type} weights ({config.num_hidden_layers} layers, "
+            f"{config.num_experts} experts per MoE layer)")
+        started = time.perf_counter()
+        model = load_model(path, dtype=dtype, device=device)
+        say(f"weights loaded in {time.perf_counter() - started:.1f}s")
+        eos = tuple(dict.fromkeys((*tokenizer.eos_token_ids, *config.eos_token_ids)))
+        info = EngineInfo(
+            model_path=str(path),
+            model_type=config.model_type,
+            max_model_len=max_model_len or limit,
+            vocab_size=config.vocab_size,
+            eos_token_ids=eos,
+        )
+        return cls(model, tokenizer, info, max_num_batched_tokens=max_num_batched_tokens)
+
+    def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationOutput]:
+        """Validate ``request`` now, then stream its chunks when iterated (see EngineClient).
+
+        The request is queued on the first ``__anext__``; closing the iterator or cancelling
+        the consuming task aborts it. If the engine loop has died the stream is a single
+        ``error`` chunk.
+
+        Raises:
+            ValueError: invalid request (``ContextLengthError`` for an empty or too long prompt).
+        """
+        validate_request(request, self.info)
+        return self._stream(request)
+
+    def is_healthy(self) -> bool:
+        """True while the loop thread runs and has not failed."""
+        return self._failure is None and not self._closed and self._thread.is_alive()
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Abort every request, stop the loop thread and wait up to ``timeout`` seconds for it."""
+        with self._lock:
+            self._closed = True
+        self._inbox.put(_STOP)
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout)
+
+    async def _stream(self, request: GenerationRequest) -> AsyncIterator[GenerationOutput]:
+        loop = asyncio.get_running_loop()
+        chunks: asyncio.Queue[GenerationOutput] = asyncio.Queue()
+        key = next(self._keys)
+
+        def sink(out: GenerationOutput) -> None:
+            try:
+                loop.call_soon_threadsafe(chunks.put_nowait, out)
+            except RuntimeError:  # the consumer's event loop is closed: nobody is listening
+                self._post(("abort", key))
+
+        if not self._post(("add", key, request, sink, time.perf_counter())):
+            yield self._error_chunk(request)
+            return
+        finished = False
+        try:
+            while not finished:
+                out = await chunks.get()
+                finished = out.finish_reason is not None
+                yield out
+        finally:
+            if not finished:
+                self._post(("abort", key))
+
+    def _error_chunk(self, request: GenerationRequest) -> GenerationOutput:
+        reason = self._failure or "the engine is shut down"
+        return GenerationOutput(
+            request.request_id, (), "", finish_reason="error",
+            prompt_tokens=len(request.prompt_ids), error=reason,
+        )
+
+    def _post(self, command: tuple) -> bool:
+        with self._lock:
+            if self._failure is not None or self._closed:
+                return False
+            self._inbox.put(command)
+            return True
+
+    def _run(self) -> None:
+        try:
+            while self._drain(block=not self._engine.has_unfinished()):
+                self._engine.step()
+        except BaseException as exc:  # noqa: BLE001 - report, then fail every waiting consumer
+            logger.exception("engine loop died")
+            self._die(f"engine loop died: {type(exc).__name__}: {exc}")
+
+    def _drain(self, block: bool) -> bool:
+        """Apply queued commands (waiting for one when ``block``); False on ``stop``."""
+        try:
+            command = self._inbox.get() if block else self._inbox.get_nowait()
+            while True:
+                if command[0] == "stop":
+                    self._engine.abort_all()
+                    return False
+                self._apply(command)
+                command = self._inbox.get_nowait()
+        except queue.Empty:
+            return True
+
+    def _apply(self, command: tuple) -> None:
+        if command[0] == "abort":
+            self._engine.abort_request(command[1])
+            return
+        _, key, request, sink, arrival = command
+        try:
+            self._engine.add_request(key, request, sink, arrival)
+        except ValueError as exc:
+            sink(GenerationOutput(request.request_id, (), "", finish_reason="error",
+                                  prompt_tokens=len(request.prompt_ids), error=str(exc)))
+
+    def _die(self, message: str) -> None:
+        with self._lock:
+            self._failure = message
+        try:
+            self._engine.abort_all("error", message)
+        except Exception:  # noqa: BLE001 - best effort; the engine state may be broken
+            logger.exception("could not fail the engine's requests")
+        while True:
+            try:
+                command = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if command[0] == "add":
+                _, _, request, sink, _ = command
+                sink(self._error_chunk(request))

@@ -1,0 +1,151 @@
+"""The synchronous engine core: ``step() = schedule -> execute -> update``.
+
+Request lifecycle:
+
+1. :meth:`Engine.add_request` validates the request and queues it with an output sink.
+2. :meth:`Engine.step` asks the :class:`Scheduler` for a :class:`ScheduledBatch` (the next
+   prefill chunk or decode step of the running request), the :class:`ModelRunner` executes it
+   and returns a :class:`ForwardOutput`, and the update applies it: token accounting, then
+   detokenisation and stop checks (:class:`RequestOutputProcessor`), then one
+   :class:`GenerationOutput` chunk to the sink.
+3. A finished, aborted or failed request leaves the scheduler, its model state is freed and
+   one summary line is logged on ``freetoken.engine``.
+
+Single-threaded: only the thread that owns the engine may call it (see ``async_engine``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from freetoken.core import EngineInfo, FinishReason, GenerationOutput, GenerationRequest
+from freetoken.engine.batch import ForwardOutput, ScheduledBatch
+from freetoken.engine.detokenizer import DetokenizerFactory
+from freetoken.engine.output import RequestOutputProcessor
+from freetoken.engine.request import EngineRequest, OutputSink
+from freetoken.engine.runner import ModelRunner
+from freetoken.engine.scheduler import Scheduler, SchedulerConfig
+from freetoken.engine.validate import validate_request
+from freetoken.models.base import CausalLM
+from freetoken.tokenizer.tokenizer import Tokenizer
+
+logger = logging.getLogger("freetoken.engine")
+
+
+class Engine:
+    """Scheduler + model runner + per-request output processing.
+
+    Args:
+        model: the causal LM (on its device, eval mode).
+        tokenizer: the model's tokenizer (detokenisation, logprob token strings).
+        info: model facts; ``info.max_model_len`` bounds every sequence and
+            ``info.eos_token_ids`` end generation unless ``ignore_eos``.
+        max_num_batched_tokens: token budget per step (prefill chunk size).
+        device: where inputs and generators live (default: the model's device).
+    """
+
+    def __init__(
+        self,
+        model: CausalLM,
+        tokenizer: Tokenizer,
+        info: EngineInfo,
+        *,
+        max_num_batched_tokens: int = 2048,
+        device: str | None = None,
+    ) -> None:
+        self.info = info
+        self.tokenizer = tokenizer
+        self.scheduler = Scheduler(SchedulerConfig(info.max_model_len, max_num_batched_tokens))
+        self.runner = ModelRunner(model, device)
+        self._detokenizers = DetokenizerFactory(tokenizer)
+        self._processors: dict[int, RequestOutputProcessor] = {}
+
+    def add_request(
+        self,
+        key: int,
+        request: GenerationRequest,
+        sink: OutputSink,
+        arrival_time: float | None = None,
+    ) -> None:
+        """Queue ``request`` under the engine-unique ``key``; chunks go to ``sink``.
+
+        Raises:
+            ValueError: invalid request (see ``validate_request``) or ``key`` already in use.
+        """
+        validate_request(request, self.info)
+        if key in self._processors:
+            raise ValueError(f"request key {key} is already in use")
+        req = EngineRequest(key, request, sink)
+        if arrival_time is not None:
+            req.arrival_time = arrival_time
+        self._processors[key] = RequestOutputProcessor(
+            req, self.tokenizer, self._detokenizers(), self.info.eos_token_ids,
+            self.info.max_model_len,
+        )
+        self.scheduler.add(req)
+
+    def abort_request(self, key: int) -> bool:
+        """Stop a waiting or running request (final chunk ``abort``); False if unknown."""
+        return self._finish(key, "abort")
+
+    def abort_all(self, reason: FinishReason = "abort", error: str | None = None) -> None:
+        """End every queued and running request with ``reason``."""
+        for key in list(self._processors):
+            self._finish(key, reason, error)
+
+    def has_unfinished(self) -> bool:
+        """True while a request is waiting or running."""
+        return self.scheduler.has_unfinished()
+
+    def step(self) -> bool:
+        """Run one scheduling step (one prefill chunk or one decode token).
+
+        Returns:
+            False when there was nothing to do.
+        """
+        batch = self.scheduler.schedule()
+        if batch is None:
+            return False
+        output = self.runner.execute(batch)
+        try:
+            self._update(batch, output)
+        except Exception as exc:  # noqa: BLE001 - a bug in output handling ends only this request
+            logger.exception("output processing failed for request key %d", batch.request_key)
+            self._finish(batch.request_key, "error", f"{type(exc).__name__}: {exc}")
+        return True
+
+    def _update(self, batch: ScheduledBatch, output: ForwardOutput) -> None:
+        if output.error is not None:
+            self._finish(batch.request_key, "error", output.error)
+            return
+        req = self.scheduler.update(batch, output.token_id)
+        if output.token_id is None:
+            return
+        chunk = self._processors[req.key].on_token(output)
+        if chunk.finish_reason is not None:
+            self._retire(req.key, chunk.finish_reason)
+        self._emit(req, chunk)
+
+    def _finish(self, key: int, reason: FinishReason, error: str | None = None) -> bool:
+        processor = self._processors.get(key)
+        if processor is None:
+            return False
+        self._retire(key, reason)
+        self._emit(processor.req, processor.final(reason, error))
+        return True
+
+    def _retire(self, key: int, reason: FinishReason) -> None:
+        processor = self._processors.pop(key)
+        self.scheduler.finish(key)
+        self.runner.release(key)
+        processor.req.finish_time = time.perf_counter()
+        processor.req.log_finish(reason)
+
+    def _emit(self, req: EngineRequest, chunk: GenerationOutput) -> None:
+        try:
+            req.sink(chunk)
+        except Exception:  # noqa: BLE001 - a broken consumer must not stop the engine
+            logger.exception("output sink of request %s failed", req.request.request_id)
+            if chunk.finish_reason is None:
+                self._finish(req.key, "abort")

@@ -1,0 +1,91 @@
+"""The model runner: owns the model and every live request's state, runs forward and samples.
+
+For each :class:`ScheduledBatch` it feeds ``token_ids`` into the request's
+:class:`~freetoken.models.base.SequenceState` (created on the request's first chunk together
+with its seeded ``torch.Generator``) and, when ``batch.sample`` is set, samples the next token
+from the last position's logits. A failure in the model or the sampler is caught and returned
+as ``ForwardOutput.error`` (the request's state is dropped) so the engine keeps serving.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from freetoken.engine.batch import ForwardOutput, ScheduledBatch
+from freetoken.engine.sampler import make_generator, sample
+from freetoken.models.base import CausalLM, SequenceState
+
+logger = logging.getLogger("freetoken.engine")
+
+
+@dataclass
+class _Slot:
+    state: SequenceState
+    generator: torch.Generator
+
+
+def model_device(model: torch.nn.Module) -> torch.device:
+    """Device of the model's first parameter or buffer (CPU for a parameterless module)."""
+    for tensor in (*model.parameters(), *model.buffers()):
+        return tensor.device
+    return torch.device("cpu")
+
+
+class ModelRunner:
+    """Runs one request's forward passes against its own state.
+
+    Args:
+        model: the causal LM (already on its device, in eval mode).
+        device: where input ids and generators live (default: the model's device).
+    """
+
+    def __init__(self, model: CausalLM, device: torch.device | str | None = None) -> None:
+        self.model = model
+        self.device = torch.device(device) if device is not None else model_device(model)
+        self._slots: dict[int, _Slot] = {}
+
+    @property
+    def num_live_states(self) -> int:
+        """Requests whose state is currently held."""
+        return len(self._slots)
+
+    def execute(self, batch: ScheduledBatch) -> ForwardOutput:
+        """Run ``batch`` through the model and sample if asked.
+
+        Returns:
+            The sampled token (and logprobs), nothing for a non-final prefill chunk, or the
+            error message when the model or sampler raised.
+        """
+        try:
+            with torch.inference_mode():
+                return self._execute(batch)
+        except Exception as exc:  # noqa: BLE001 - any model failure must end only this request
+            logger.exception("forward failed for request key %d", batch.request_key)
+            self.release(batch.request_key)
+            return ForwardOutput(batch.request_key, error=f"{type(exc).__name__}: {exc}")
+
+    def release(self, request_key: int) -> None:
+        """Drop a request's state (finished, aborted or failed); a no-op when absent."""
+        self._slots.pop(request_key, None)
+
+    def _execute(self, batch: ScheduledBatch) -> ForwardOutput:
+        slot = self._slots.get(batch.request_key)
+        if batch.num_computed_tokens == 0:
+            slot = _Slot(self.model.new_state(), make_generator(batch.sampling.seed, self.device))
+            self._slots[batch.request_key] = slot
+        elif slot is None:
+            raise RuntimeError(f"no state for request key {batch.request_key}")
+        if slot.state.num_tokens != batch.num_computed_tokens:
+            raise RuntimeError(
+                f"state holds {slot.state.num_tokens} tokens, scheduler expects "
+                f"{batch.num_computed_tokens}"
+            )
+        ids = torch.tensor(batch.token_ids, dtype=torch.long, device=self.device)  # [T]
+        logits = self.model(ids, slot.state)  # [1, V]
+        if not batch.sample:
+            return ForwardOutput(batch.request_key)
+        picked = sample(logits[-1], batch.sampling, slot.generator)
+        return ForwardOutput(batch.request_key, picked.token_id, picked.logprob, picked.top)

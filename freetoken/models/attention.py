@@ -1,0 +1,144 @@
+"""Full (softmax) attention of Qwen3-MoE and the gated attention of Qwen3-Next.
+
+Sources: transformers ``Qwen3MoeAttention`` and ``Qwen3NextAttention`` (model-architectures.md §3
+and §1.5.2). Both: per-head RMSNorm of q and k over head_dim *before* RoPE, GQA, scale
+``head_dim ** -0.5``, no bias. Qwen3-Next adds the output gate: ``q_proj`` yields per head
+``[q_h | gate_h]`` and the attention output is multiplied by ``sigmoid(gate)`` before ``o_proj``;
+it also rotates only the first ``rotary_dim`` dims and uses zero-centred q/k norms.
+
+The q/k/v projections are fused into one ``[rows, H]`` weight at load time (rows ordered
+``[q (nh*hd) | gate (nh*hd, gated only) | k (nkv*hd) | v (nkv*hd)]``), so a decode step is one
+GEMV. Prefill of a chunk after ``start`` cached tokens uses SDPA with a ``[T, start+T]`` causal
+offset mask; the caller bounds T so no ``[T_total, T_total]`` matrix is ever built.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from freetoken.models.config import ModelConfig
+from freetoken.models.loader import WeightTarget
+from freetoken.models.norms import RMSNorm
+from freetoken.models.rotary import RotaryTable, apply_rotary
+from freetoken.models.state import KVCache
+
+
+@dataclass(frozen=True)
+class AttnContext:
+    """Per-chunk inputs shared by all attention layers.
+
+    Attributes:
+        start: tokens already cached (position of the chunk's first token).
+        length: tokens in the chunk (T).
+        cos, sin: ``[T, 1, rot/2]`` RoPE tables for positions ``start..start+T-1``.
+        mask: ``[T, start+T]`` additive float mask (0 / -inf) or None when not needed.
+        is_causal: True for a first chunk (``start == 0``, T > 1): plain causal SDPA.
+    """
+
+    start: int
+    length: int
+    cos: torch.Tensor
+    sin: torch.Tensor
+    mask: torch.Tensor | None
+    is_causal: bool
+
+    @classmethod
+    def build(cls, start: int, length: int, rotary: RotaryTable, dtype: torch.dtype) -> "AttnContext":
+        """RoPE tables and the causal mask for a chunk of ``length`` tokens after ``start``."""
+        cos, sin = rotary.get(start, length, dtype)
+        mask = None
+        if start > 0 and length > 1:
+            total = start + length
+            allowed = torch.ones(length, total, dtype=torch.bool, device=cos.device).tril(start)
+            mask = torch.zeros(length, total, dtype=dtype, device=cos.device)
+            mask.masked_fill_(~allowed, float("-inf"))
+        return cls(start, length, cos, sin, mask, start == 0 and length > 1)
+
+
+class Attention(nn.Module):
+    """GQA attention with q/k RMSNorm and RoPE; ``gated=True`` for Qwen3-Next.
+
+    Args:
+        config: model config (heads, head_dim, rms_norm_eps, zero_centered_norms).
+        gated: Qwen3-Next output gate (q_proj twice as wide, per-head ``[q | gate]``).
+        dtype, device: parameter dtype/device.
+    """
+
+    def __init__(self, config: ModelConfig, gated: bool, dtype: torch.dtype, device=None) -> None:
+        super().__init__()
+        self.nh, self.nkv, self.hd = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+        self.gated = gated
+        self.q_rows = self.nh * self.hd * (2 if gated else 1)
+        self.kv_rows = self.nkv * self.hd
+        rows = self.q_rows + 2 * self.kv_rows
+        self.qkv_weight = nn.Parameter(
+            torch.empty(rows, config.hidden_size, dtype=dtype, device=device), requires_grad=False
+        )
+        self.o_weight = nn.Parameter(
+            torch.empty(config.hidden_size, self.nh * self.hd, dtype=dtype, device=device),
+            requires_grad=False,
+        )
+        zc = config.zero_centered_norms
+        self.q_norm = RMSNorm(self.hd, config.rms_norm_eps, zc, device)
+        self.k_norm = RMSNorm(self.hd, config.rms_norm_eps, zc, device)
+        self.scale = self.hd**-0.5
+
+    def weight_targets(self, prefix: str) -> dict[str, WeightTarget]:
+        """HF names under ``prefix`` (``model.layers.N.self_attn.``) -> slices of the fused weight.
+
+        For the gated variant ``q_proj`` rows are re-ordered from per-head ``[q_h | gate_h]`` to
+        ``[q_0..q_{nh-1} | gate_0..gate_{nh-1}]``.
+        """
+        q, kv = self.q_rows, self.kv_rows
+        rows = None
+        if self.gated:
+            head = torch.arange(self.nh)[:, None] * 2 * self.hd
+            within = torch.arange(self.hd)[None, :]
+            rows = torch.cat([(head + within).flatten(), (head + self.hd + within).flatten()])
+        targets = {
+            prefix + "q_proj.weight": WeightTarget(self.qkv_weight[:q], rows),
+            prefix + "k_proj.weight": WeightTarget(self.qkv_weight[q : q + kv]),
+            prefix + "v_proj.weight": WeightTarget(self.qkv_weight[q + kv :]),
+            prefix + "o_proj.weight": WeightTarget(self.o_weight),
+        }
+        targets.update(self.q_norm.weight_targets(prefix + "q_norm.weight"))
+        targets.update(self.k_norm.weight_targets(prefix + "k_norm.weight"))
+        return targets
+
+    def forward(self, x: torch.Tensor, cache: KVCache, ctx: AttnContext) -> torch.Tensor:
+        """Attend ``T`` new tokens to all cached ones and append their K/V to ``cache``.
+
+        Args:
+            x: ``[T, H]`` normed hidden states (model dtype).
+            cache: this layer's KV cache (holds ``ctx.start`` tokens).
+            ctx: positions / mask of the chunk.
+
+        Returns:
+            ``[T, H]`` attention output after ``o_proj``.
+        """
+        t = x.shape[0]
+        qkv = F.linear(x, self.qkv_weight)
+        nq = self.nh * self.hd
+        q = self.q_norm(qkv[:, :nq].view(t, self.nh, self.hd))
+        k = self.k_norm(qkv[:, self.q_rows : self.q_rows + self.kv_rows].view(t, self.nkv, self.hd))
+        v = qkv[:, self.q_rows + self.kv_rows :].view(t, self.nkv, self.hd)
+        q = apply_rotary(q, ctx.cos, ctx.sin)
+        k = apply_rotary(k, ctx.cos, ctx.sin)
+        keys, values = cache.append(k, v)
+        out = F.scaled_dot_product_attention(
+            q.transpose(0, 1).unsqueeze(0),
+            keys.unsqueeze(0),
+            values.unsqueeze(0),
+            attn_mask=ctx.mask,
+            is_causal=ctx.is_causal,
+            scale=self.scale,
+            enable_gqa=self.nh != self.nkv,
+        )
+        out = out[0].transpose(0, 1).reshape(t, nq)
+        if self.gated:
+            out = out * torch.sigmoid(qkv[:, nq : 2 * nq])
+        return F.linear(out, self.o_weight)

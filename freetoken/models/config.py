@@ -1,0 +1,313 @@
+"""The engine's flat, validated view of a Hugging Face ``config.json``.
+
+Follows the key tables of model-architectures.md §1.2 (Qwen3-Next) and §3 (Qwen3-MoE) and the
+transformers config classes ``Qwen3NextConfig`` / ``Qwen3MoeConfig`` (v5): the same defaults are
+used where a key may legitimately be absent (``head_dim``, ``attention_bias``, ``mlp_only_layers``,
+...), every key that shapes the network is required.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+# architectures[0] -> model_type the engine implements.
+SUPPORTED_ARCHITECTURES: dict[str, str] = {
+    "Qwen3MoeForCausalLM": "qwen3_moe",
+    "Qwen3NextForCausalLM": "qwen3_next",
+}
+_LEGACY_LAYER_TYPES = {"attention": "full_attention", "mamba": "linear_attention"}
+_GDN_KEYS = (
+    "linear_conv_kernel_dim",
+    "linear_num_key_heads",
+    "linear_num_value_heads",
+    "linear_key_head_dim",
+    "linear_value_head_dim",
+)
+
+
+def unsupported_architecture_error(arch: object) -> ValueError:
+    """The ValueError raised for an architecture FreeToken cannot run (lists the supported ones)."""
+    supported = ", ".join(sorted(SUPPORTED_ARCHITECTURES))
+    return ValueError(f"unsupported architecture {arch!r}; supported: {supported}")
+
+
+class _Reader:
+    """Typed access to a config dict; every error names the offending key."""
+
+    def __init__(self, raw: dict) -> None:
+        self.raw = raw
+
+    def has(self, key: str) -> bool:
+        return key in self.raw and self.raw[key] is not None
+
+    def int(self, key: str, default: int | None = None, minimum: int = 1) -> int:
+        if not self.has(key):
+            if default is None:
+                raise ValueError(f"config.json: missing required key {key!r}")
+            return default
+        value = self.raw[key]
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"config.json: {key!r} must be an integer, got {value!r}")
+        if value < minimum:
+            raise ValueError(f"config.json: {key!r} must be >= {minimum}, got {value}")
+        return value
+
+    def float(self, key: str, default: float | None = None) -> float:
+        if not self.has(key):
+            if default is None:
+                raise ValueError(f"config.json: missing required key {key!r}")
+            return default
+        value = self.raw[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            raise ValueError(f"config.json: {key!r} must be a positive number, got {value!r}")
+        return float(value)
+
+    def bool(self, key: str, default: bool | None = None) -> bool:
+        if not self.has(key):
+            if default is None:
+                raise ValueError(f"config.json: missing required key {key!r}")
+            return default
+        value = self.raw[key]
+        if not isinstance(value, bool):
+            raise ValueError(f"config.json: {key!r} must be true or false, got {value!r}")
+        return value
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Flat engine view of a Qwen3-MoE / Qwen3-Next HF config.
+
+    Attributes:
+        arch: ``architectures[0]`` (e.g. ``"Qwen3NextForCausalLM"``).
+        model_type: ``"qwen3_moe"`` or ``"qwen3_next"``.
+        vocab_size: embedding / lm_head rows V (may exceed the tokenizer size).
+        hidden_size: H.
+        num_hidden_layers: L.
+        layer_types: per layer ``"full_attention"`` or ``"linear_attention"`` (Gated DeltaNet).
+        num_attention_heads, num_key_value_heads, head_dim: attention heads (GQA) and head width.
+        partial_rotary_factor: fraction of ``head_dim`` rotated by RoPE (1.0 for qwen3_moe).
+        rope_theta: RoPE base.
+        linear_conv_kernel_dim: GDN short causal conv width K (0 without GDN layers).
+        linear_num_key_heads, linear_num_value_heads: GDN Hk and Hv (Hv % Hk == 0).
+        linear_key_head_dim, linear_value_head_dim: GDN dk, dv.
+        num_experts, num_experts_per_tok: routed experts E per MoE layer and top-k.
+        norm_topk_prob: renormalise the top-k router probabilities to sum to 1.
+        moe_intermediate_size: routed expert width I.
+        shared_expert_intermediate_size: shared expert width (0: no shared expert).
+        intermediate_size: dense MLP width (layers that are not MoE), 0 if there are none.
+        decoder_sparse_step, mlp_only_layers: which layers are MoE (see :meth:`is_moe_layer`).
+        rms_norm_eps: RMSNorm epsilon.
+        zero_centered_norms: norms scale by ``1 + w`` (qwen3_next) instead of ``w``.
+        max_position_embeddings: longest context the checkpoint declares (tokens).
+        tie_word_embeddings: lm_head shares ``embed_tokens``.
+        torch_dtype: the checkpoint's stored dtype name (``"bfloat16"``...), informational.
+        bos_token_id: or None.
+        eos_token_ids: ids from ``eos_token_id`` (int or list), possibly empty.
+    """
+
+    arch: str
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    num_hidden_layers: int
+    layer_types: tuple[str, ...]
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    partial_rotary_factor: float
+    rope_theta: float
+    linear_conv_kernel_dim: int
+    linear_num_key_heads: int
+    linear_num_value_heads: int
+    linear_key_head_dim: int
+    linear_value_head_dim: int
+    num_experts: int
+    num_experts_per_tok: int
+    norm_topk_prob: bool
+    moe_intermediate_size: int
+    shared_expert_intermediate_size: int
+    intermediate_size: int
+    decoder_sparse_step: int
+    mlp_only_layers: tuple[int, ...]
+    rms_norm_eps: float
+    zero_centered_norms: bool
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    torch_dtype: str | None
+    bos_token_id: int | None
+    eos_token_ids: tuple[int, ...]
+
+    @property
+    def rotary_dim(self) -> int:
+        """Number of leading head dims RoPE rotates: ``int(head_dim * partial_rotary_factor)``."""
+        return int(self.head_dim * self.partial_rotary_factor)
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """True when layer ``layer`` (0-based) has a sparse MoE block, else a dense SwiGLU MLP.
+
+        Rule of ``Qwen3MoeDecoderLayer`` / ``Qwen3NextDecoderLayer``: not in ``mlp_only_layers``
+        and ``(layer + 1) % decoder_sparse_step == 0``.
+        """
+        return (
+            self.num_experts > 0
+            and layer not in self.mlp_only_layers
+            and (layer + 1) % self.decoder_sparse_step == 0
+        )
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> "ModelConfig":
+        """Parse ``path`` (a ``config.json`` file or a checkpoint directory).
+
+        Raises:
+            FileNotFoundError: no config.json.
+            ValueError: invalid JSON or any bad/missing key (see :meth:`from_hf`).
+        """
+        path = Path(path)
+        file = path / "config.json" if path.is_dir() else path
+        if not file.is_file():
+            raise FileNotFoundError(f"no config.json at {file}")
+        try:
+            raw = json.loads(file.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{file}: invalid JSON: {exc}") from exc
+        return cls.from_hf(raw)
+
+    @classmethod
+    def from_hf(cls, config: dict) -> "ModelConfig":
+        """Build the engine view of an HF ``config.json`` dict.
+
+        Raises:
+            ValueError: unsupported ``architectures[0]`` (message lists the supported ones), a
+                ``model_type`` that does not match it, a missing required key or a value of the
+                wrong type / out of range (the message names the key), or a feature this engine
+                does not implement (sliding window, RoPE scaling, attention bias, non-silu act).
+        """
+        if not isinstance(config, dict):
+            raise ValueError(f"config.json must be a JSON object, got {type(config).__name__}")
+        archs = config.get("architectures")
+        if not isinstance(archs, list) or not archs or not isinstance(archs[0], str):
+            raise ValueError("config.json: 'architectures' must be a non-empty list of strings")
+        arch = archs[0]
+        if arch not in SUPPORTED_ARCHITECTURES:
+            raise unsupported_architecture_error(arch)
+        model_type = SUPPORTED_ARCHITECTURES[arch]
+        if config.get("model_type") != model_type:
+            raise ValueError(
+                f"config.json: 'model_type' is {config.get('model_type')!r}, "
+                f"expected {model_type!r} for {arch}"
+            )
+        r = _Reader(config)
+        if config.get("hidden_act", "silu") != "silu":
+            raise ValueError(
+                f"config.json: 'hidden_act' {config['hidden_act']!r} is unsupported (only 'silu')"
+            )
+        if r.bool("attention_bias", False):
+            raise ValueError("config.json: 'attention_bias' true is unsupported")
+        if r.bool("use_sliding_window", False):
+            raise ValueError("config.json: 'use_sliding_window' true is unsupported")
+        hidden = r.int("hidden_size")
+        layers = r.int("num_hidden_layers")
+        heads = r.int("num_attention_heads")
+        kv_heads = r.int("num_key_value_heads")
+        if heads % kv_heads:
+            raise ValueError(
+                f"config.json: 'num_attention_heads' {heads} is not a multiple of "
+                f"'num_key_value_heads' {kv_heads}"
+            )
+        head_dim = r.int("head_dim", hidden // heads)
+        theta, partial = _rope(config, r, model_type)
+        if int(head_dim * partial) % 2 or int(head_dim * partial) == 0:
+            raise ValueError(
+                f"config.json: 'partial_rotary_factor' {partial} gives an odd or zero rotary dim"
+            )
+        next_ = model_type == "qwen3_next"
+        layer_types = _layer_types(config, r, layers) if next_ else ("full_attention",) * layers
+        gdn = dict.fromkeys(_GDN_KEYS, 0)
+        if "linear_attention" in layer_types:
+            gdn = {k: r.int(k) for k in gdn}
+            if gdn["linear_num_value_heads"] % gdn["linear_num_key_heads"]:
+                raise ValueError(
+                    "config.json: 'linear_num_value_heads' is not a multiple of 'linear_num_key_heads'"
+                )
+        experts = r.int("num_experts", minimum=0)
+        top_k = r.int("num_experts_per_tok")
+        if experts and top_k > experts:
+            raise ValueError(f"config.json: 'num_experts_per_tok' {top_k} > 'num_experts' {experts}")
+        mlp_only = config.get("mlp_only_layers") or []
+        if not isinstance(mlp_only, list) or any(type(i) is not int for i in mlp_only):
+            raise ValueError(
+                f"config.json: 'mlp_only_layers' must be a list of layer indices, got {mlp_only!r}"
+            )
+        sparse_step = r.int("decoder_sparse_step", 1)
+        dense = any(i in mlp_only or (i + 1) % sparse_step or not experts for i in range(layers))
+        eos = config.get("eos_token_id")
+        eos_ids = tuple(i for i in (eos if isinstance(eos, list) else [eos]) if isinstance(i, int))
+        bos = config.get("bos_token_id")
+        return cls(
+            arch=arch,
+            model_type=model_type,
+            vocab_size=r.int("vocab_size"),
+            hidden_size=hidden,
+            num_hidden_layers=layers,
+            layer_types=layer_types,
+            num_attention_heads=heads,
+            num_key_value_heads=kv_heads,
+            head_dim=head_dim,
+            partial_rotary_factor=partial,
+            rope_theta=theta,
+            **gdn,
+            num_experts=experts,
+            num_experts_per_tok=top_k,
+            norm_topk_prob=r.bool("norm_topk_prob"),
+            moe_intermediate_size=r.int("moe_intermediate_size") if experts else 0,
+            shared_expert_intermediate_size=r.int("shared_expert_intermediate_size") if next_ else 0,
+            intermediate_size=r.int("intermediate_size") if dense else 0,
+            decoder_sparse_step=sparse_step,
+            mlp_only_layers=tuple(mlp_only),
+            rms_norm_eps=r.float("rms_norm_eps"),
+            zero_centered_norms=next_,
+            max_position_embeddings=r.int("max_position_embeddings"),
+            tie_word_embeddings=r.bool("tie_word_embeddings", False),
+            torch_dtype=config.get("torch_dtype") or config.get("dtype"),
+            bos_token_id=bos if isinstance(bos, int) and not isinstance(bos, bool) else None,
+            eos_token_ids=eos_ids,
+        )
+
+
+def _rope(config: dict, r: _Reader, model_type: str) -> tuple[float, float]:
+    """(rope_theta, partial_rotary_factor) from top-level keys (v4 files) or ``rope_parameters`` (v5)."""
+    params = config.get("rope_parameters")
+    if params is not None and not isinstance(params, dict):
+        raise ValueError(f"config.json: 'rope_parameters' must be an object, got {params!r}")
+    params = params or {}
+    scaling = config.get("rope_scaling")
+    rope_type = params.get("rope_type", "default")
+    if scaling is not None or rope_type != "default":
+        raise ValueError("config.json: 'rope_scaling' / non-default 'rope_type' is unsupported")
+    theta = params.get("rope_theta", config.get("rope_theta"))
+    if isinstance(theta, bool) or not isinstance(theta, (int, float)) or theta <= 0:
+        raise ValueError(f"config.json: missing or invalid 'rope_theta' ({theta!r})")
+    default_partial = 0.25 if model_type == "qwen3_next" else 1.0
+    partial = params.get("partial_rotary_factor", config.get("partial_rotary_factor", default_partial))
+    if isinstance(partial, bool) or not isinstance(partial, (int, float)) or not 0 < partial <= 1:
+        raise ValueError(f"config.json: 'partial_rotary_factor' must be in (0, 1], got {partial!r}")
+    return float(theta), float(partial)
+
+
+def _layer_types(config: dict, r: _Reader, layers: int) -> tuple[str, ...]:
+    """Qwen3-Next ``layer_types``: explicit list, else every ``full_attention_interval``-th layer."""
+    explicit = config.get("layer_types")
+    if explicit is None:
+        interval = r.int("full_attention_interval")
+        return tuple(
+            "full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(layers)
+        )
+    if not isinstance(explicit, list) or len(explicit) != layers:
+        raise ValueError(f"config.json: 'layer_types' must be a list of {layers} entries")
+    types = tuple(_LEGACY_LAYER_TYPES.get(t, t) for t in explicit)
+    bad = sorted({t for t in types if t not in ("full_attention", "linear_attention")}, key=str)
+    if bad:
+        raise ValueError(f"config.json: 'layer_types' has unsupported entries {bad}")
+    return types

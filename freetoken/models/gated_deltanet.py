@@ -1,0 +1,130 @@
+"""Gated DeltaNet (linear attention) layer of Qwen3-Next.
+
+Source: transformers ``Qwen3NextGatedDeltaNet`` (model-architectures.md §1.5.3). Steps: project
+to q, k, v, z (gate), b, a; short causal depthwise conv + SiLU over ``[q | k | v]``; L2-normalise
+q and k per head (eps 1e-6, fp32) and scale q by ``dk ** -0.5``; ``beta = sigmoid(b)``,
+``g = -exp(A_log) * softplus(a + dt_bias)``; gated delta rule (§2) with grouped value heads;
+gated RMSNorm with z; ``out_proj``.
+
+Checkpoint ``in_proj_qkvz`` / ``in_proj_ba`` are grouped by key head (per k-head g:
+``[q_g | k_g | v_g (r heads) | z_g (r heads)]`` and ``[b_g | a_g]``, r = Hv/Hk). At load time
+their rows are re-ordered into one fused weight ``[q | k | v | z | b | a]``, so the conv input
+``[q | k | v]`` is a contiguous slice of a single GEMV output.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from freetoken.models.config import ModelConfig
+from freetoken.models.loader import WeightTarget
+from freetoken.models.norms import gated_rms_norm
+from freetoken.models.state import GDNState
+from freetoken.ops.causal_conv import causal_conv1d
+from freetoken.ops.gated_delta_rule import chunk_gated_delta_rule, recurrent_gated_delta_rule
+
+L2_EPS = 1e-6
+
+
+def l2_normalize(x: torch.Tensor) -> torch.Tensor:
+    """``x * rsqrt(sum(x^2) + 1e-6)`` over the last dim in fp32 (fla / HF ``l2norm``)."""
+    x = x.float()
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + L2_EPS)
+
+
+class GatedDeltaNet(nn.Module):
+    """One Gated DeltaNet mixer.
+
+    Args:
+        config: Hk, Hv, dk, dv, conv width K, rms_norm_eps.
+        dtype, device: projection/conv parameter dtype and device (A_log, dt_bias, norm: fp32).
+    """
+
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, device=None) -> None:
+        super().__init__()
+        self.hk, self.hv = config.linear_num_key_heads, config.linear_num_value_heads
+        self.dk, self.dv = config.linear_key_head_dim, config.linear_value_head_dim
+        self.key_dim, self.value_dim = self.hk * self.dk, self.hv * self.dv
+        self.conv_dim = 2 * self.key_dim + self.value_dim
+        self.kernel = config.linear_conv_kernel_dim
+        self.eps = config.rms_norm_eps
+        rows = self.conv_dim + self.value_dim + 2 * self.hv
+
+        def param(*shape: int, dt: torch.dtype = dtype) -> nn.Parameter:
+            return nn.Parameter(torch.empty(*shape, dtype=dt, device=device), requires_grad=False)
+
+        self.in_weight = param(rows, config.hidden_size)
+        self.conv_weight = param(self.conv_dim, self.kernel)
+        self.dt_bias = param(self.hv, dt=torch.float32)
+        self.A_log = param(self.hv, dt=torch.float32)
+        self.norm_weight = param(self.dv, dt=torch.float32)
+        self.out_weight = param(config.hidden_size, self.value_dim)
+
+    def _qkvz_rows(self) -> torch.Tensor:
+        """Row order taking grouped ``in_proj_qkvz`` to ``[q | k | v | z]``."""
+        r_dv = self.hv // self.hk * self.dv
+        group = 2 * self.dk + 2 * r_dv
+        base = torch.arange(self.hk)[:, None] * group
+
+        def part(offset: int, width: int) -> torch.Tensor:
+            return (base + offset + torch.arange(width)[None, :]).flatten()
+
+        return torch.cat([part(0, self.dk), part(self.dk, self.dk),
+                          part(2 * self.dk, r_dv), part(2 * self.dk + r_dv, r_dv)])
+
+    def _ba_rows(self) -> torch.Tensor:
+        """Row order taking grouped ``in_proj_ba`` to ``[b | a]``."""
+        r = self.hv // self.hk
+        base = torch.arange(self.hk)[:, None] * 2 * r
+        within = torch.arange(r)[None, :]
+        return torch.cat([(base + within).flatten(), (base + r + within).flatten()])
+
+    def weight_targets(self, prefix: str) -> dict[str, WeightTarget]:
+        """HF names under ``prefix`` (``model.layers.N.linear_attn.``) -> parameters."""
+        qkvz = self.conv_dim + self.value_dim
+        return {
+            prefix + "in_proj_qkvz.weight": WeightTarget(self.in_weight[:qkvz], self._qkvz_rows()),
+            prefix + "in_proj_ba.weight": WeightTarget(self.in_weight[qkvz:], self._ba_rows()),
+            prefix + "conv1d.weight": WeightTarget(self.conv_weight.unsqueeze(1)),
+            prefix + "dt_bias": WeightTarget(self.dt_bias),
+            prefix + "A_log": WeightTarget(self.A_log),
+            prefix + "norm.weight": WeightTarget(self.norm_weight),
+            prefix + "out_proj.weight": WeightTarget(self.out_weight),
+        }
+
+    def new_state(self) -> GDNState:
+        """Zero conv state ``[conv_dim, K-1]`` (param dtype) and recurrent state ``[Hv, dk, dv]`` fp32."""
+        w = self.in_weight
+        conv = torch.zeros(self.conv_dim, self.kernel - 1, dtype=w.dtype, device=w.device)
+        recurrent = torch.zeros(self.hv, self.dk, self.dv, dtype=torch.float32, device=w.device)
+        return GDNState(conv, recurrent)
+
+    def forward(self, x: torch.Tensor, state: GDNState, ctx: object = None) -> torch.Tensor:
+        """Mix ``T`` new tokens, carrying ``state`` (chunked rule for T > 1, recurrent for T = 1).
+
+        Args:
+            x: ``[T, H]`` normed hidden states (model dtype).
+            state: this layer's conv/recurrent state, updated in place.
+            ctx: unused (positions do not enter a GDN layer).
+
+        Returns:
+            ``[T, H]`` output after ``out_proj``.
+        """
+        t = x.shape[0]
+        proj = F.linear(x, self.in_weight)
+        c, vd = self.conv_dim, self.value_dim
+        mixed = F.silu(causal_conv1d(proj[:, :c], self.conv_weight, state.conv))
+        z = proj[:, c : c + vd].reshape(t, self.hv, self.dv)
+        b = proj[:, c + vd : c + vd + self.hv]
+        a = proj[:, c + vd + self.hv :]
+        q = l2_normalize(mixed[:, : self.key_dim].reshape(t, self.hk, self.dk)) * self.dk**-0.5
+        k = l2_normalize(mixed[:, self.key_dim : 2 * self.key_dim].reshape(t, self.hk, self.dk))
+        v = mixed[:, 2 * self.key_dim :].reshape(t, self.hv, self.dv).float()
+        beta = torch.sigmoid(b).float()
+        g = -self.A_log.exp() * F.softplus(a.float() + self.dt_bias)
+        rule = recurrent_gated_delta_rule if t == 1 else chunk_gated_delta_rule
+        core = rule(q, k, v, g, beta, state.recurrent).to(x.dtype)
+        out = gated_rms_norm(core, z, self.norm_weight, self.eps)
+        return F.linear(out.reshape(t, vd), self.out_weight)

@@ -1,0 +1,107 @@
+"""Sparse MoE block (router + routed experts + optional shared expert) and the dense MLP.
+
+Source: transformers ``Qwen3MoeSparseMoeBlock`` / ``Qwen3NextSparseMoeBlock`` with their
+``TopKRouter`` (model-architectures.md §1.5.4, §3): router logits ``x @ gate.weight.T``, softmax in
+fp32, top-k of the probabilities, renormalised when ``norm_topk_prob``, cast to the model dtype.
+Qwen3-Next adds a shared SwiGLU expert scaled by ``sigmoid(x @ shared_expert_gate.weight.T)``.
+The router and the shared-expert gate share one fused weight ``[E (+1), H]``; the shared
+expert's gate_proj/up_proj are fused as ``[2Is, H]``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from freetoken.models.config import ModelConfig
+from freetoken.models.loader import WeightTarget
+from freetoken.models.moe_forward import ExpertWeights, moe_forward, swiglu
+
+
+def _param(*shape: int, dtype: torch.dtype, device=None) -> nn.Parameter:
+    return nn.Parameter(torch.empty(*shape, dtype=dtype, device=device), requires_grad=False)
+
+
+class DenseMLP(nn.Module):
+    """SwiGLU MLP ``down(silu(gate(x)) * up(x))`` (``Qwen3MoeMLP`` / ``Qwen3NextMLP``).
+
+    Args:
+        hidden, intermediate: H and the MLP width.
+        dtype, device: parameter dtype/device.
+    """
+
+    def __init__(self, hidden: int, intermediate: int, dtype: torch.dtype, device=None) -> None:
+        super().__init__()
+        self.intermediate = intermediate
+        self.gate_up = _param(2 * intermediate, hidden, dtype=dtype, device=device)
+        self.down = _param(hidden, intermediate, dtype=dtype, device=device)
+
+    def weight_targets(self, prefix: str) -> dict[str, WeightTarget]:
+        """``{prefix}{gate,up,down}_proj.weight`` -> parameters."""
+        i = self.intermediate
+        return {
+            prefix + "gate_proj.weight": WeightTarget(self.gate_up[:i]),
+            prefix + "up_proj.weight": WeightTarget(self.gate_up[i:]),
+            prefix + "down_proj.weight": WeightTarget(self.down),
+        }
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``[T, H]`` -> ``[T, H]``."""
+        return swiglu(x, self.gate_up, self.down)
+
+
+class SparseMoE(nn.Module):
+    """Top-k softmax-routed MoE with an optional sigmoid-gated shared expert.
+
+    Args:
+        config: E, top-k, norm_topk_prob, moe/shared intermediate sizes.
+        layer: decoder layer index.
+        dtype, device: parameter dtype/device.
+    """
+
+    def __init__(self, config: ModelConfig, layer: int, dtype: torch.dtype, device=None) -> None:
+        super().__init__()
+        self.num_experts = config.num_experts
+        self.top_k = config.num_experts_per_tok
+        self.norm_topk_prob = config.norm_topk_prob
+        self.has_shared = config.shared_expert_intermediate_size > 0
+        hidden = config.hidden_size
+        rows = self.num_experts + (1 if self.has_shared else 0)
+        self.router = _param(rows, hidden, dtype=dtype, device=device)
+        self.experts = ExpertWeights(
+            layer, self.num_experts, hidden, config.moe_intermediate_size, dtype, device
+        )
+        if self.has_shared:
+            self.shared = DenseMLP(hidden, config.shared_expert_intermediate_size, dtype, device)
+
+    def weight_targets(self, prefix: str) -> dict[str, WeightTarget]:
+        """HF names under ``prefix`` (``model.layers.N.mlp.``) -> parameters."""
+        e = self.num_experts
+        targets = {prefix + "gate.weight": WeightTarget(self.router[:e])}
+        targets.update(self.experts.weight_targets(prefix + "experts."))
+        if self.has_shared:
+            targets[prefix + "shared_expert_gate.weight"] = WeightTarget(self.router[e:])
+            targets.update(self.shared.weight_targets(prefix + "shared_expert."))
+        return targets
+
+    def route(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Top-k routing of ``[T, E]`` router logits.
+
+        Returns:
+            ``(ids [T, k] int64, weights [T, k])`` weights in the logits' dtype.
+        """
+        probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+        weights, ids = torch.topk(probs, self.top_k, dim=-1)
+        if self.norm_topk_prob:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        return ids, weights.to(logits.dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``[T, H]`` -> ``[T, H]`` routed experts (+ gated shared expert)."""
+        logits = F.linear(x, self.router)
+        ids, weights = self.route(logits[:, : self.num_experts])
+        out = moe_forward(x, ids, weights, self.experts)
+        if self.has_shared:
+            out = out + torch.sigmoid(logits[:, self.num_experts :]) * self.shared(x)
+        return out

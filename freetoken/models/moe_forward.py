@@ -1,0 +1,100 @@
+"""Routed-expert computation of a sparse MoE layer (the part an expert cache will replace).
+
+Source: transformers ``Qwen3MoeExperts.forward`` / ``Qwen3NextExperts.forward`` (model-architectures.md
+§1.5.4): each routed expert is a SwiGLU MLP ``down(silu(gate(x)) * up(x))`` and a token's output
+is ``sum_j w_j * Expert_{idx_j}(x)``. Tokens are grouped by expert (one stable sort) and only
+experts that received tokens run; a single token (decode) just loops over its top-k experts.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from freetoken.models.loader import WeightTarget
+
+
+class ExpertWeights(nn.Module):
+    """Routed expert weights of one MoE layer, stacked.
+
+    Attributes:
+        layer: decoder layer index (for caches/offloading keyed by layer).
+        gate_up: ``[E, 2I, H]`` rows ``[0:I]`` gate_proj, ``[I:2I]`` up_proj of each expert.
+        down: ``[E, H, I]`` down_proj of each expert.
+    """
+
+    def __init__(self, layer: int, num_experts: int, hidden: int, intermediate: int,
+                 dtype: torch.dtype, device=None) -> None:
+        super().__init__()
+        self.layer = layer
+        self.intermediate = intermediate
+        self.gate_up = nn.Parameter(
+            torch.empty(num_experts, 2 * intermediate, hidden, dtype=dtype, device=device),
+            requires_grad=False,
+        )
+        self.down = nn.Parameter(
+            torch.empty(num_experts, hidden, intermediate, dtype=dtype, device=device),
+            requires_grad=False,
+        )
+
+    @property
+    def num_experts(self) -> int:
+        """E."""
+        return self.gate_up.shape[0]
+
+    def weight_targets(self, prefix: str) -> dict[str, WeightTarget]:
+        """Per-expert HF names ``{prefix}E.{gate,up,down}_proj.weight`` -> rows of the stacks."""
+        i = self.intermediate
+        targets = {}
+        for e in range(self.num_experts):
+            targets[f"{prefix}{e}.gate_proj.weight"] = WeightTarget(self.gate_up[e, :i])
+            targets[f"{prefix}{e}.up_proj.weight"] = WeightTarget(self.gate_up[e, i:])
+            targets[f"{prefix}{e}.down_proj.weight"] = WeightTarget(self.down[e])
+        return targets
+
+
+def swiglu(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+    """``down(silu(gate(x)) * up(x))`` for ``x [N, H]``, ``gate_up [2I, H]``, ``down [H, I]`` -> ``[N, H]``."""
+    gate, up = F.linear(x, gate_up).chunk(2, dim=-1)
+    return F.linear(F.silu(gate) * up, down)
+
+
+def moe_forward(
+    hidden: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    experts: ExpertWeights,
+) -> torch.Tensor:
+    """Weighted sum of each token's top-k routed experts.
+
+    Args:
+        hidden: ``[T, H]`` MoE input (model dtype).
+        topk_ids: ``[T, k]`` int64 expert ids in ``[0, E)``.
+        topk_weights: ``[T, k]`` routing weights, ``hidden``'s dtype.
+        experts: the layer's stacked expert weights.
+
+    Returns:
+        ``[T, H]`` routed output (shared expert not included).
+    """
+    t, k = topk_ids.shape
+    if t == 1:
+        out = None
+        for j, e in enumerate(topk_ids[0].tolist()):
+            y = swiglu(hidden, experts.gate_up[e], experts.down[e]) * topk_weights[0, j]
+            out = y if out is None else out + y
+        return out
+    flat = topk_ids.flatten()
+    order = flat.argsort(stable=True)
+    counts = torch.bincount(flat, minlength=experts.num_experts).tolist()
+    token_of = order // k
+    x_sorted = hidden.index_select(0, token_of)
+    y_sorted = torch.empty_like(x_sorted)
+    start = 0
+    for e, count in enumerate(counts):
+        if count:
+            rows = slice(start, start + count)
+            y_sorted[rows] = swiglu(x_sorted[rows], experts.gate_up[e], experts.down[e])
+            start += count
+    y_sorted *= topk_weights.flatten().index_select(0, order)[:, None]
+    return torch.zeros_like(hidden).index_add_(0, token_of, y_sorted)

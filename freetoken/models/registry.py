@@ -1,0 +1,60 @@
+"""Builds the right model family for a checkpoint directory and loads its weights.
+
+Dispatch is on ``config.json``'s ``architectures[0]`` (as transformers' ``AutoModelForCausalLM``
+does via the config class).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from freetoken.models.base import CausalLM
+from freetoken.models.config import ModelConfig, unsupported_architecture_error
+from freetoken.models.decoder import DecoderLM
+from freetoken.models.loader import Checkpoint, load_weights
+from freetoken.models.qwen3_moe import Qwen3MoeForCausalLM
+from freetoken.models.qwen3_next import Qwen3NextForCausalLM
+
+MODEL_CLASSES: dict[str, type[DecoderLM]] = {
+    "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
+    "Qwen3NextForCausalLM": Qwen3NextForCausalLM,
+}
+SUPPORTED_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu") -> CausalLM:
+    """Load an HF checkpoint directory (``config.json`` + safetensors) as a FreeToken model.
+
+    Args:
+        path: checkpoint directory.
+        dtype: compute dtype, ``torch.float32`` (default) or ``torch.bfloat16``; weights are cast
+            from their stored dtype.
+        device: parameter device.
+
+    Returns:
+        the model in eval mode, parameters without grad.
+
+    Raises:
+        FileNotFoundError: no config.json / safetensors files.
+        ValueError: unsupported architecture (lists the supported ones), bad config keys,
+            unsupported dtype, or missing / unexpected / mis-shaped tensors.
+    """
+    path = Path(path)
+    if dtype not in SUPPORTED_DTYPES:
+        raise ValueError(f"unsupported dtype {dtype}; supported: float32, bfloat16")
+    file = path / "config.json"
+    if not file.is_file():
+        raise FileNotFoundError(f"no config.json in {path}")
+    raw = json.loads(file.read_text(encoding="utf-8"))
+    archs = raw.get("architectures") if isinstance(raw, dict) else None
+    arch = archs[0] if isinstance(archs, list) and archs else None
+    if arch not in MODEL_CLASSES:
+        raise unsupported_architecture_error(arch)
+    config = ModelConfig.from_hf(raw)
+    checkpoint = Checkpoint(path)
+    model = MODEL_CLASSES[arch](config, dtype=dtype, device=device)
+    load_weights(checkpoint, model.weight_targets())
+    return model.eval()

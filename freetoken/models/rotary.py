@@ -1,0 +1,65 @@
+"""Rotary position embedding (NeoX ``rotate_half`` form) with partial rotary support.
+
+Source: transformers ``Qwen3NextRotaryEmbedding`` / ``apply_rotary_pos_emb`` (model-architectures.md
+§1.5.2): ``inv_freq = theta ** (-arange(0, rot, 2) / rot)`` in fp32, angle ``pos * inv_freq``, and
+for the first ``rot`` dims ``x * cos + rotate_half(x) * sin`` with ``rotate_half(x) =
+cat(-x2, x1)``; dims past ``rot`` pass through. Written here with half-width tables:
+``(x1 cos - x2 sin, x2 cos + x1 sin)``, the same products and sums.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class RotaryTable:
+    """Cached cos/sin of every position seen so far, grown by doubling.
+
+    Args:
+        rotary_dim: rotated dims ``rot`` (even).
+        theta: RoPE base.
+        device: where the tables live.
+    """
+
+    def __init__(self, rotary_dim: int, theta: float, device=None) -> None:
+        exponent = torch.arange(0, rotary_dim, 2, dtype=torch.float32) / rotary_dim
+        self.inv_freq = 1.0 / (theta**exponent)  # fp32, on CPU like HF's buffer before .to()
+        self.device = device
+        self._cos = torch.empty(0, rotary_dim // 2)
+        self._sin = torch.empty(0, rotary_dim // 2)
+
+    def _grow(self, length: int) -> None:
+        size = max(length, 2 * self._cos.shape[0], 256)
+        pos = torch.arange(size, dtype=torch.float32)
+        angles = pos[:, None] * self.inv_freq[None, :]
+        self._cos, self._sin = angles.cos().to(self.device), angles.sin().to(self.device)
+
+    def get(self, start: int, length: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin for positions ``start .. start+length-1``.
+
+        Returns:
+            two ``[length, 1, rot/2]`` tensors in ``dtype`` (broadcast over heads).
+        """
+        if start + length > self._cos.shape[0]:
+            self._grow(start + length)
+        cos = self._cos[start : start + length, None, :].to(dtype)
+        sin = self._sin[start : start + length, None, :].to(dtype)
+        return cos, sin
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate the first ``2 * cos.shape[-1]`` dims of every head.
+
+    Args:
+        x: ``[T, heads, head_dim]``.
+        cos, sin: ``[T, 1, rot/2]`` from :meth:`RotaryTable.get`, same dtype as ``x``.
+
+    Returns:
+        ``[T, heads, head_dim]`` new tensor.
+    """
+    half = cos.shape[-1]
+    x1, x2 = x[..., :half], x[..., half : 2 * half]
+    parts = [x1 * cos - x2 * sin, x2 * cos + x1 * sin]
+    if x.shape[-1] > 2 * half:
+        parts.append(x[..., 2 * half :])
+    return torch.cat(parts, dim=-1)

@@ -1,0 +1,192 @@
+"""``make-tiny``: seeded-random checkpoints in exactly the Hugging Face layout.
+
+A generated directory holds ``config.json`` (every key of the real config, see
+``tiny_presets``), the weights (``model.safetensors``, or shards + index for ``small``),
+``generation_config.json`` (eos ids ``[<|im_end|>, <|endoftext|>]``, bos), the project's trained
+8k BPE ``tokenizer.json`` (Qwen3 added tokens) and ``tokenizer_config.json`` with the chat
+template of ``templates/<arch>.jinja``.
+
+End of turn: with random weights ``<|im_end|>`` is almost never sampled, so agent clients would
+always run to the token cap. The lm_head row of ``<|im_end|>`` is therefore multiplied by
+:data:`IM_END_ROW_SCALE`; at temperature 1 a turn then ends after about
+:data:`MEASURED_MEAN_TURN_TOKENS` tokens on typical chat prompts (measured, see the tests).
+Nothing else departs from the seeded random init.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from freetoken.models.config import ModelConfig
+from freetoken.models.tiny_presets import preset_config
+from freetoken.models.tiny_weights import write_safetensors
+from freetoken.paths import ASSETS_DIR, TEMPLATES_DIR, cache_dir
+
+IM_END_ROW_SCALE = 40.0
+MEASURED_MEAN_TURN_TOKENS = 0.0
+GENERATOR_VERSION = 1
+STAMP_FILE = "freetoken_tiny.json"
+TOKENIZER_FILE = ASSETS_DIR / "tokenizer" / "tokenizer.json"
+_ADDED_TOKEN_FLAGS = ("content", "lstrip", "normalized", "rstrip", "single_word", "special")
+
+
+def _tokenizer_facts() -> tuple[dict, int]:
+    data = json.loads(TOKENIZER_FILE.read_text(encoding="utf-8"))
+    size = len(data["model"]["vocab"]) + sum(
+        1 for t in data["added_tokens"] if t["content"] not in data["model"]["vocab"]
+    )
+    return data, size
+
+
+def _token_id(tokenizer: dict, content: str) -> int:
+    for token in tokenizer["added_tokens"]:
+        if token["content"] == content:
+            return token["id"]
+    raise ValueError(f"tokenizer.json has no added token {content!r}")
+
+
+def _template(arch: str) -> str:
+    path = TEMPLATES_DIR / f"{arch}.jinja"
+    if not path.is_file():
+        raise FileNotFoundError(f"chat template {path} not found")
+    return path.read_text(encoding="utf-8")
+
+
+def _tokenizer_config(tokenizer: dict, template: str, max_length: int) -> dict:
+    added = {
+        str(t["id"]): {k: t[k] for k in _ADDED_TOKEN_FLAGS} for t in tokenizer["added_tokens"]
+    }
+    specials = [t["content"] for t in tokenizer["added_tokens"] if t["special"]]
+    return {
+        "add_bos_token": False,
+        "add_prefix_space": False,
+        "added_tokens_decoder": added,
+        "additional_special_tokens": [s for s in specials if s != "<|endoftext|>"],
+        "bos_token": None,
+        "chat_template": template,
+        "clean_up_tokenization_spaces": False,
+        "eos_token": "<|im_end|>",
+        "errors": "replace",
+        "model_max_length": max_length,
+        "pad_token": "<|endoftext|>",
+        "split_special_tokens": False,
+        "tokenizer_class": "Qwen2Tokenizer",
+        "unk_token": None,
+    }
+
+
+def _write_json(path: Path, data: dict) -> None:
+    path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def make_tiny(arch: str, preset: str, out_dir: str | Path, seed: int = 0,
+              config_overrides: dict | None = None) -> Path:
+    """Write a seeded-random ``arch`` checkpoint of size ``preset`` into ``out_dir``.
+
+    Args:
+        arch: ``"qwen3_moe"`` or ``"qwen3_next"``.
+        preset: ``"tiny"`` (~22 MB, for tests) or ``"small"`` (~1.3 GB, 1.21 GB of routed
+            experts, for benchmarks; written in 256 MB shards so peak RAM stays low).
+        out_dir: created if missing; existing files of the same names are overwritten.
+        seed: the same seed gives byte-identical weights.
+        config_overrides: keys replaced in ``config.json`` before the weights are derived
+            from it (tests use it for variants such as dense ``mlp_only_layers``).
+
+    Returns:
+        ``out_dir`` as a Path.
+
+    Raises:
+        ValueError: unknown arch / preset, or overrides that make an invalid config.
+        FileNotFoundError: ``templates/<arch>.jinja`` does not exist.
+    """
+    out = Path(out_dir)
+    tokenizer, tok_size = _tokenizer_facts()
+    bos, eos = _token_id(tokenizer, "<|endoftext|>"), _token_id(tokenizer, "<|im_end|>")
+    vocab = -(-tok_size // 64) * 64
+    raw = preset_config(arch, preset, vocab, bos, eos)
+    raw.update(config_overrides or {})
+    config = ModelConfig.from_hf(raw)
+    template = _template(arch)
+    out.mkdir(parents=True, exist_ok=True)
+
+    def scale_im_end(name: str, value: torch.Tensor) -> torch.Tensor:
+        if name == "lm_head.weight":
+            value[eos] *= IM_END_ROW_SCALE
+        return value
+
+    write_safetensors(config, seed, out, adjust=scale_im_end)
+    _write_json(out / "config.json", raw)
+    _write_json(out / "generation_config.json", {
+        "bos_token_id": bos,
+        "eos_token_id": [eos, bos],
+        "pad_token_id": bos,
+        "transformers_version": raw["transformers_version"],
+    })
+    shutil.copyfile(TOKENIZER_FILE, out / "tokenizer.json")
+    _write_json(out / "tokenizer_config.json",
+                _tokenizer_config(tokenizer, template, config.max_position_embeddings))
+    return out
+
+
+def _stamp(arch: str, preset: str, seed: int) -> dict:
+    """What a cached checkpoint must have been generated from to be reused."""
+    digest = hashlib.sha256(TOKENIZER_FILE.read_bytes() + _template(arch).encode()).hexdigest()
+    return {"arch": arch, "preset": preset, "seed": seed, "version": GENERATOR_VERSION,
+            "im_end_row_scale": IM_END_ROW_SCALE, "inputs_sha256": digest}
+
+
+def cached_tiny(arch: str, preset: str = "tiny", seed: int = 0,
+                progress: Callable[[str], None] | None = None) -> Path:
+    """A checkpoint under ``cache_dir()/models/<preset>-<arch>``, generated on first use.
+
+    Generated into a temporary sibling directory and renamed into place, so a directory that
+    exists is complete; reused while its stamp (arch, preset, seed, generator version, hash of
+    tokenizer + template) matches, regenerated otherwise.
+
+    Raises:
+        FileNotFoundError: the chat template is missing (see :func:`make_tiny`).
+    """
+    root = cache_dir() / "models"
+    final = root / f"{preset}-{arch}"
+    stamp = _stamp(arch, preset, seed)
+    stamp_file = final / STAMP_FILE
+    if stamp_file.is_file() and json.loads(stamp_file.read_text(encoding="utf-8")) == stamp:
+        return final
+    if progress:
+        progress(f"generating {preset} {arch} checkpoint in {final}")
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=root))
+    try:
+        make_tiny(arch, preset, tmp, seed=seed)
+        _write_json(tmp / STAMP_FILE, stamp)
+        if final.exists():
+            stale = root / f".stale-{final.name}-{os.getpid()}"
+            os.rename(final, stale)
+            shutil.rmtree(stale, ignore_errors=True)
+        os.rename(tmp, final)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if stamp_file.is_file() and json.loads(stamp_file.read_text(encoding="utf-8")) == stamp:
+            return final  # another process finished first
+        raise
+    finally:
+        if tmp.exists() and tmp != final:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def default_model_path(progress: Callable[[str], None] | None = None) -> Path:
+    """The embedded tiny qwen3_next checkpoint (``cache_dir()/models/tiny-qwen3_next``).
+
+    Args:
+        progress: optional callback receiving a one-line message when it has to be generated.
+    """
+    return cached_tiny("qwen3_next", "tiny", 0, progress)

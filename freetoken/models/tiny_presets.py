@@ -1,0 +1,150 @@
+"""``config.json`` contents of the generated test/benchmark checkpoints.
+
+Every key of the real configs is written explicitly (model-architectures.md §1.2 for
+Qwen3-Next-80B-A3B, §3 for Qwen3-30B-A3B; transformers class defaults differ from the real
+files, so none are relied on). Only the sizes shrink:
+
+* ``tiny``: a few MB, for the test suite; qwen3_next has 4 layers with
+  ``full_attention_interval`` 4 (3 Gated DeltaNet + 1 gated attention), 16 experts, top-4.
+* ``small``: for benchmarks; 12 layers of 64 experts (I = 256, H = 1024, top-8), i.e.
+  12 * 64 * 3 * 1024 * 256 * 2 B = 1.21 GB of bf16 routed experts.
+
+``max_position_embeddings`` is 262144 as in Qwen3-Next and the Qwen3-2507 MoE models (agent
+clients send 20-40k-token prompts).
+"""
+
+from __future__ import annotations
+
+ARCHES = ("qwen3_moe", "qwen3_next")
+PRESETS = ("tiny", "small")
+MAX_POSITIONS = 262144
+
+_SIZES = {
+    ("qwen3_next", "tiny"): dict(
+        hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=64, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=64,
+        linear_value_head_dim=64, num_experts=16, num_experts_per_tok=4,
+        moe_intermediate_size=128, shared_expert_intermediate_size=128, intermediate_size=512,
+    ),
+    ("qwen3_next", "small"): dict(
+        hidden_size=1024, num_hidden_layers=12, num_attention_heads=8, num_key_value_heads=2,
+        head_dim=128, linear_num_key_heads=4, linear_num_value_heads=8, linear_key_head_dim=128,
+        linear_value_head_dim=128, num_experts=64, num_experts_per_tok=8,
+        moe_intermediate_size=256, shared_expert_intermediate_size=256, intermediate_size=2048,
+    ),
+    ("qwen3_moe", "tiny"): dict(
+        hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=64, num_experts=16, num_experts_per_tok=4, moe_intermediate_size=128,
+        intermediate_size=512,
+    ),
+    ("qwen3_moe", "small"): dict(
+        hidden_size=1024, num_hidden_layers=12, num_attention_heads=8, num_key_value_heads=2,
+        head_dim=128, num_experts=64, num_experts_per_tok=8, moe_intermediate_size=256,
+        intermediate_size=2048,
+    ),
+}
+
+
+def _qwen3_next(sizes: dict, vocab: int, bos: int, eos: int) -> dict:
+    return {
+        "architectures": ["Qwen3NextForCausalLM"],
+        "model_type": "qwen3_next",
+        "vocab_size": vocab,
+        "hidden_size": sizes["hidden_size"],
+        "num_hidden_layers": sizes["num_hidden_layers"],
+        "full_attention_interval": 4,
+        "num_attention_heads": sizes["num_attention_heads"],
+        "num_key_value_heads": sizes["num_key_value_heads"],
+        "head_dim": sizes["head_dim"],
+        "partial_rotary_factor": 0.25,
+        "rope_theta": 10000000,
+        "rope_scaling": None,
+        "max_position_embeddings": MAX_POSITIONS,
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "linear_conv_kernel_dim": 4,
+        "linear_num_key_heads": sizes["linear_num_key_heads"],
+        "linear_num_value_heads": sizes["linear_num_value_heads"],
+        "linear_key_head_dim": sizes["linear_key_head_dim"],
+        "linear_value_head_dim": sizes["linear_value_head_dim"],
+        "num_experts": sizes["num_experts"],
+        "num_experts_per_tok": sizes["num_experts_per_tok"],
+        "moe_intermediate_size": sizes["moe_intermediate_size"],
+        "shared_expert_intermediate_size": sizes["shared_expert_intermediate_size"],
+        "norm_topk_prob": True,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+        "intermediate_size": sizes["intermediate_size"],
+        "hidden_act": "silu",
+        "rms_norm_eps": 1e-06,
+        "tie_word_embeddings": False,
+        "bos_token_id": bos,
+        "eos_token_id": eos,
+        "router_aux_loss_coef": 0.001,
+        "output_router_logits": False,
+        "use_sliding_window": False,
+        "initializer_range": 0.02,
+        "use_cache": True,
+        "torch_dtype": "bfloat16",
+        "transformers_version": "4.57.0.dev0",
+    }
+
+
+def _qwen3_moe(sizes: dict, vocab: int, bos: int, eos: int) -> dict:
+    layers = sizes["num_hidden_layers"]
+    return {
+        "architectures": ["Qwen3MoeForCausalLM"],
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "bos_token_id": bos,
+        "decoder_sparse_step": 1,
+        "eos_token_id": eos,
+        "head_dim": sizes["head_dim"],
+        "hidden_act": "silu",
+        "hidden_size": sizes["hidden_size"],
+        "initializer_range": 0.02,
+        "intermediate_size": sizes["intermediate_size"],
+        "max_position_embeddings": MAX_POSITIONS,
+        "max_window_layers": layers,
+        "mlp_only_layers": [],
+        "model_type": "qwen3_moe",
+        "moe_intermediate_size": sizes["moe_intermediate_size"],
+        "norm_topk_prob": True,
+        "num_attention_heads": sizes["num_attention_heads"],
+        "num_experts": sizes["num_experts"],
+        "num_experts_per_tok": sizes["num_experts_per_tok"],
+        "num_hidden_layers": layers,
+        "num_key_value_heads": sizes["num_key_value_heads"],
+        "output_router_logits": False,
+        "rms_norm_eps": 1e-06,
+        "rope_scaling": None,
+        "rope_theta": 10000000,
+        "router_aux_loss_coef": 0.001,
+        "sliding_window": None,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "transformers_version": "4.51.0",
+        "use_cache": True,
+        "use_sliding_window": False,
+        "vocab_size": vocab,
+    }
+
+
+def preset_config(arch: str, preset: str, vocab_size: int, bos_id: int, eos_id: int) -> dict:
+    """The full ``config.json`` dict of ``arch`` at ``preset`` size.
+
+    Args:
+        arch: ``"qwen3_moe"`` or ``"qwen3_next"``.
+        preset: ``"tiny"`` or ``"small"``.
+        vocab_size: embedding rows (tokenizer size rounded up to a multiple of 64).
+        bos_id, eos_id: ids of ``<|endoftext|>`` and ``<|im_end|>``.
+
+    Raises:
+        ValueError: unknown arch or preset (lists the valid ones).
+    """
+    if arch not in ARCHES:
+        raise ValueError(f"unknown arch {arch!r}; expected one of {', '.join(ARCHES)}")
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; expected one of {', '.join(PRESETS)}")
+    build = _qwen3_next if arch == "qwen3_next" else _qwen3_moe
+    return build(_SIZES[(arch, preset)], vocab_size, bos_id, eos_id)

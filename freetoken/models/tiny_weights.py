@@ -1,0 +1,132 @@
+"""Seeded random weights for generated checkpoints, written shard by shard with ``safetensors``.
+
+Tensor names and shapes come from the FreeToken model built on the ``meta`` device (its
+``weight_targets``: the real HF names, per-expert ``mlp.experts.E.{gate,up,down}_proj.weight``),
+and transformers loads the result independently in the parity tests. Initialisation follows
+model-architectures.md §9: linear/embedding/router weights N(0, 0.02); zero-centred norms
+(Qwen3-Next) N(0, 0.02) around 0, plain norms (Qwen3-MoE, the GDN gated norm) 1 + N(0, 0.02);
+``A_log = log(U(1, 16))``; ``dt_bias = 1``; conv taps U(-1/sqrt(K), 1/sqrt(K)) (torch's Conv1d
+default). Everything is stored bfloat16 except ``A_log`` (float32).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from freetoken.models.config import ModelConfig
+from freetoken.models.loader import INDEX_FILE, SINGLE_FILE
+
+INIT_STD = 0.02
+STORED_DTYPE = torch.bfloat16
+MAX_SHARD_BYTES = 256 * 2**20
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One tensor to generate: HF name, shape, stored dtype."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+    @property
+    def nbytes(self) -> int:
+        """Stored size in bytes."""
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n * torch.empty(0, dtype=self.dtype).element_size()
+
+
+def tensor_specs(config: ModelConfig) -> list[TensorSpec]:
+    """All checkpoint tensors of ``config`` in HF order (embeddings, layers, final norm, lm_head)."""
+    from freetoken.models.registry import MODEL_CLASSES
+
+    model = MODEL_CLASSES[config.arch](config, dtype=STORED_DTYPE, device="meta")
+    specs = []
+    for name, target in model.weight_targets().items():
+        dtype = torch.float32 if name.endswith("A_log") else STORED_DTYPE
+        specs.append(TensorSpec(name, tuple(target.dest.shape), dtype))
+    return specs
+
+
+def _init(spec: TensorSpec, config: ModelConfig, gen: torch.Generator) -> torch.Tensor:
+    name, shape = spec.name, spec.shape
+    if name.endswith("A_log"):
+        return torch.empty(shape).uniform_(1.0, 16.0, generator=gen).log_()
+    if name.endswith("dt_bias"):
+        return torch.ones(shape)
+    if name.endswith("conv1d.weight"):
+        bound = shape[-1] ** -0.5
+        return torch.empty(shape).uniform_(-bound, bound, generator=gen)
+    noise = torch.randn(shape, generator=gen) * INIT_STD
+    if name.endswith("norm.weight"):
+        zero_centered = config.zero_centered_norms and not name.endswith("linear_attn.norm.weight")
+        return noise if zero_centered else noise + 1.0
+    return noise
+
+
+def generate(config: ModelConfig, seed: int,
+             adjust: Callable[[str, torch.Tensor], torch.Tensor] | None = None,
+             ) -> Iterator[tuple[TensorSpec, torch.Tensor]]:
+    """Yield ``(spec, tensor)`` one at a time, deterministically for ``seed``.
+
+    Args:
+        config: the checkpoint's config.
+        seed: seeds one ``torch.Generator`` consumed in tensor order.
+        adjust: optional hook ``(name, fp32 tensor) -> tensor`` applied before the cast to the
+            stored dtype (used to scale the ``<|im_end|>`` row of lm_head).
+    """
+    gen = torch.Generator().manual_seed(seed)
+    for spec in tensor_specs(config):
+        value = _init(spec, config, gen)
+        if adjust is not None:
+            value = adjust(spec.name, value)
+        yield spec, value.to(spec.dtype)
+
+
+def write_safetensors(config: ModelConfig, seed: int, out_dir: Path,
+                      adjust: Callable[[str, torch.Tensor], torch.Tensor] | None = None,
+                      max_shard_bytes: int = MAX_SHARD_BYTES) -> list[Path]:
+    """Write the weights as ``model.safetensors`` or, above ``max_shard_bytes``, as shards
+    ``model-0000i-of-0000n.safetensors`` plus ``model.safetensors.index.json``.
+
+    Only one shard is held in memory at a time.
+
+    Returns:
+        the written files.
+    """
+    specs = tensor_specs(config)
+    shard_of, size, shard = [], 0, 0
+    for spec in specs:
+        if size and size + spec.nbytes > max_shard_bytes:
+            shard, size = shard + 1, 0
+        shard_of.append(shard)
+        size += spec.nbytes
+    count = shard + 1
+    names = [SINGLE_FILE] if count == 1 else [
+        f"model-{i + 1:05d}-of-{count:05d}.safetensors" for i in range(count)
+    ]
+    buffer: dict[str, torch.Tensor] = {}
+    weight_map: dict[str, str] = {}
+    written = []
+    for i, (spec, tensor) in enumerate(generate(config, seed, adjust)):
+        buffer[spec.name] = tensor.contiguous()
+        weight_map[spec.name] = names[shard_of[i]]
+        if i + 1 == len(specs) or shard_of[i + 1] != shard_of[i]:
+            path = out_dir / names[shard_of[i]]
+            save_file(buffer, str(path), metadata={"format": "pt"})
+            written.append(path)
+            buffer = {}
+    if count > 1:
+        index = {"metadata": {"total_size": sum(s.nbytes for s in specs)}, "weight_map": weight_map}
+        path = out_dir / INDEX_FILE
+        path.write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
+        written.append(path)
+    return written

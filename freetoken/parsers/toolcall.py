@@ -1,0 +1,300 @@
+"""Incremental scanners for one tool call in model output (Qwen3 JSON form and XML form).
+
+Two call forms are accepted whatever the model (the form is detected from the first characters):
+
+* JSON (Qwen3 / Qwen3-Next, Hermes style)::
+
+      <tool_call>\\n{"name": "NAME", "arguments": {...}}\\n</tool_call>
+
+  The call ends at the first ``</tool_call>`` that is outside a JSON string, so string values may
+  contain the closing tag. ``"arguments"`` may also be a JSON-object string or be named
+  ``"parameters"``.
+* XML (Qwen3.5 / Qwen3-Coder), wrapped in ``<tool_call>`` or bare::
+
+      <tool_call>\\n<function=NAME>\\n<parameter=ARG>\\nVALUE\\n</parameter>\\n</function>\\n</tool_call>
+
+  A value ends only at a ``</parameter>`` that is followed (after whitespace) by another
+  ``<parameter=`` or by ``</function>``; anything else, ``</function>`` and ``</tool_call>``
+  included, is part of the value. One newline after ``<parameter=ARG>`` and one before
+  ``</parameter>`` are framing and removed; the rest of the value is byte-exact. Values are typed
+  by :func:`freetoken.parsers.schema.coerce_parameter`.
+
+The scanners keep their position between calls, so feeding a long call token by token costs
+linear time. A scanner never raises: it answers "need more text", a parsed call, or a malformed
+block (which the caller returns as plain text).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+
+from freetoken.parsers.schema import coerce_parameter
+
+TOOL_OPEN = "<tool_call>"
+TOOL_CLOSE = "</tool_call>"
+FUNC_OPEN = "<function="
+FUNC_CLOSE = "</function>"
+PARAM_OPEN = "<parameter="
+PARAM_CLOSE = "</parameter>"
+_NAME_LIMIT = 256
+_IN_STRING = re.compile(r'["\\]')
+_OUT_STRING = re.compile(r'["<]')
+
+
+@dataclass(frozen=True)
+class ParsedCall:
+    """A complete tool call: function name and its arguments object."""
+
+    name: str
+    arguments: dict
+
+
+@dataclass(frozen=True)
+class Step:
+    """Outcome of a scanner once the call's extent is known.
+
+    Attributes:
+        consumed: characters of the scanned buffer the call (or malformed block) spans.
+        call: the parsed call, or None when the block is malformed and is to be shown as text.
+    """
+
+    consumed: int
+    call: ParsedCall | None
+
+
+def _skip_ws(buf: str, i: int) -> int:
+    n = len(buf)
+    while i < n and buf[i].isspace():
+        i += 1
+    return i
+
+
+def _is_partial(buf: str, i: int, tags: tuple[str, ...]) -> bool:
+    """True when ``buf[i:]`` is non-empty and a proper prefix of one of ``tags``."""
+    tail = buf[i:]
+    return bool(tail) and any(len(tail) < len(t) and t.startswith(tail) for t in tags)
+
+
+def _valid_name(raw: str) -> bool:
+    """A function/parameter name: one line, no angle brackets, not blank."""
+    return bool(raw.strip(" \t")) and not any(c in raw for c in "<>\n\r")
+
+
+def _no_constants(name: str) -> object:
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def parse_json_call(body: str) -> ParsedCall | None:
+    """Parse ``{"name": …, "arguments": {…}}``; None when it is not a valid call object.
+
+    Raw control characters inside JSON strings are accepted (models write literal newlines in
+    code); ``NaN``/``Infinity`` are not.
+    """
+    try:
+        obj = json.loads(body.strip(), strict=False, parse_constant=_no_constants)
+    except ValueError:
+        return None
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
+        return None
+    args = obj.get("arguments", obj.get("parameters", {}))
+    if args is None:
+        args = {}
+    if isinstance(args, str):
+        try:
+            args = json.loads(args, strict=False, parse_constant=_no_constants)
+        except ValueError:
+            return None
+    return ParsedCall(obj["name"], args) if isinstance(args, dict) else None
+
+
+class _JsonScan:
+    """Finds the ``</tool_call>`` that ends a JSON call body starting at ``start``."""
+
+    def __init__(self, start: int) -> None:
+        self.start = start
+        self.pos = start
+        self.in_string = False
+
+    def advance(self, buf: str, final: bool) -> Step | None:
+        n, p = len(buf), self.pos
+        while p < n:
+            if self.in_string:
+                m = _IN_STRING.search(buf, p)
+                if m is None:
+                    p = n
+                elif m.group() == "\\":
+                    if m.end() >= n:  # the escaped character has not arrived yet
+                        p = m.start()
+                        break
+                    p = m.end() + 1
+                else:
+                    self.in_string, p = False, m.end()
+                continue
+            m = _OUT_STRING.search(buf, p)
+            if m is None:
+                p = n
+            elif m.group() == '"':
+                self.in_string, p = True, m.end()
+            elif buf.startswith(TOOL_CLOSE, m.start()):
+                end = m.start()
+                return Step(end + len(TOOL_CLOSE), parse_json_call(buf[self.start : end]))
+            elif _is_partial(buf, m.start(), (TOOL_CLOSE,)):
+                p = m.start()
+                break
+            else:
+                p = m.start() + 1
+        self.pos = p
+        if not final:
+            return None
+        if self.in_string:
+            return Step(n, None)
+        return Step(n, parse_json_call(buf[self.start : p]))
+
+
+class _XmlScan:
+    """Parses ``<function=NAME>`` … ``</function>`` (then ``</tool_call>`` when wrapped)."""
+
+    def __init__(self, start: int, schemas: dict[str, dict[str, dict]], wrapped: bool) -> None:
+        self.pos = start
+        self.wrapped = wrapped
+        self.schemas = schemas
+        self.state = "open"
+        self.name = ""
+        self.params: dict = {}
+        self.param = ""
+        self.value_start = 0
+        self.search = 0
+
+    def _call(self) -> ParsedCall:
+        return ParsedCall(self.name, dict(self.params))
+
+    def _store(self, raw: str) -> None:
+        if raw.endswith("\n"):
+            raw = raw[:-1]
+        props = self.schemas.get(self.name)
+        self.params[self.param] = coerce_parameter(raw, None if props is None else props.get(self.param))
+
+    def _tag_name(self, buf: str, name_start: int, final: bool) -> tuple[str, int] | None | int:
+        """(name, index after '>'), None to wait, or an int: malformed at that index."""
+        gt = buf.find(">", name_start, name_start + _NAME_LIMIT + 1)
+        if gt < 0:
+            tail = buf[name_start : name_start + _NAME_LIMIT + 1]
+            if final or len(tail) > _NAME_LIMIT or any(c in tail for c in "<\n\r"):
+                return name_start
+            return None
+        raw = buf[name_start:gt]
+        return (raw.strip(" \t"), gt + 1) if _valid_name(raw) else name_start
+
+    def advance(self, buf: str, final: bool) -> Step | None | int:
+        """A Step when done, None to wait for more text, an int when malformed at that index."""
+        n = len(buf)
+        while True:
+            if self.state == "open":
+                got = self._tag_name(buf, self.pos + len(FUNC_OPEN), final)
+                if not isinstance(got, tuple):
+                    return got
+                self.name, self.pos = got
+                self.state = "between"
+            elif self.state == "between":
+                i = _skip_ws(buf, self.pos)
+                if buf.startswith(PARAM_OPEN, i):
+                    got = self._tag_name(buf, i + len(PARAM_OPEN), final)
+                    if not isinstance(got, tuple):
+                        return i if isinstance(got, int) else None
+                    self.param, start = got
+                    if start == n and not final:
+                        return None  # cannot tell yet whether the framing newline follows
+                    if start < n and buf[start] == "\n":
+                        start += 1
+                    self.value_start = self.search = start
+                    self.state = "value"
+                elif buf.startswith(FUNC_CLOSE, i):
+                    self.pos = i + len(FUNC_CLOSE)
+                    if not self.wrapped:
+                        return Step(self.pos, self._call())
+                    self.state = "close"
+                elif i == n or _is_partial(buf, i, (PARAM_OPEN, FUNC_CLOSE)):
+                    return Step(n, self._call()) if final else None
+                else:
+                    return i
+            elif self.state == "value":
+                q = buf.find(PARAM_CLOSE, self.search)
+                if q < 0:
+                    if final:
+                        return n
+                    self.search = max(self.search, n - len(PARAM_CLOSE) + 1)
+                    return None
+                j = _skip_ws(buf, q + len(PARAM_CLOSE))
+                if buf.startswith(PARAM_OPEN, j) or buf.startswith(FUNC_CLOSE, j):
+                    self._store(buf[self.value_start : q])
+                    self.pos = q + len(PARAM_CLOSE)
+                    self.state = "between"
+                elif j == n or _is_partial(buf, j, (PARAM_OPEN, FUNC_CLOSE)):
+                    if not final:
+                        self.search = q
+                        return None
+                    self._store(buf[self.value_start : q])
+                    return Step(n, self._call())
+                else:
+                    self.search = q + 1  # that </parameter> belongs to the value
+            else:  # "close": after </function> of a wrapped call
+                i = _skip_ws(buf, self.pos)
+                if buf.startswith(TOOL_CLOSE, i):
+                    return Step(i + len(TOOL_CLOSE), self._call())
+                if buf.startswith(FUNC_CLOSE, i):  # a duplicated </function>
+                    self.pos = i + len(FUNC_CLOSE)
+                    continue
+                if i == n or _is_partial(buf, i, (TOOL_CLOSE, FUNC_CLOSE)):
+                    return Step(n, self._call()) if final else None
+                return i
+
+
+class CallScanner:
+    """Scans one tool call from the text that follows its opening tag.
+
+    For a wrapped call the buffer starts right after ``<tool_call>``; for a bare XML call it starts
+    at ``<function=``. A malformed wrapped call spans up to and including the next
+    ``</tool_call>`` (or the end of output); a malformed bare call spans up to the point where it
+    stopped making sense, and the rest is scanned again as ordinary text.
+
+    Args:
+        schemas: tool name → JSON-schema properties (:func:`tool_parameter_schemas`).
+        wrapped: the call was opened by ``<tool_call>``.
+    """
+
+    def __init__(self, schemas: dict[str, dict[str, dict]], wrapped: bool) -> None:
+        self._schemas = schemas
+        self._wrapped = wrapped
+        self._inner: _JsonScan | _XmlScan | None = None if wrapped else _XmlScan(0, schemas, False)
+        self._bad_from: int | None = None
+
+    def advance(self, buf: str, final: bool) -> Step | None:
+        """The call's extent once known (always a Step when ``final``), else None."""
+        if self._bad_from is None and self._inner is None:
+            i = _skip_ws(buf, 0)
+            if buf.startswith("{", i):
+                self._inner = _JsonScan(i)
+            elif buf.startswith(FUNC_OPEN, i):
+                self._inner = _XmlScan(i, self._schemas, True)
+            elif i == len(buf) or _is_partial(buf, i, (FUNC_OPEN,)):
+                if not final:
+                    return None
+                self._bad_from = i
+            else:
+                self._bad_from = i
+        if self._bad_from is None:
+            got = self._inner.advance(buf, final)
+            if got is None or isinstance(got, Step):
+                return got
+            if not self._wrapped:
+                return Step(got, None)
+            self._bad_from = got
+        close = buf.find(TOOL_CLOSE, self._bad_from)
+        if close >= 0:
+            return Step(close + len(TOOL_CLOSE), None)
+        if final:
+            return Step(len(buf), None)
+        self._bad_from = max(self._bad_from, len(buf) - len(TOOL_CLOSE) + 1)
+        return None

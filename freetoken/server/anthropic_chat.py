@@ -1,0 +1,167 @@
+"""``/v1/messages``: request → :class:`ChatJob`, and the job's output as a ``message`` object or as
+the Anthropic SSE event sequence (docs.anthropic.com "Messages" / "Streaming Messages"):
+
+``message_start`` (``usage.input_tokens`` = prompt tokens) → ``ping`` → content blocks (see
+:mod:`freetoken.server.anthropic_blocks`) → ``message_delta`` (``stop_reason``,
+``stop_sequence``, cumulative ``usage``) → ``message_stop``; a failure after the headers went out
+ends the stream with an ``error`` event.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+
+from sse_starlette import ServerSentEvent
+
+from freetoken.server.anthropic_blocks import BlockBuilder
+from freetoken.server.anthropic_protocol import CountTokensRequest, MessagesRequest
+from freetoken.server.context import ChatJob, ServerContext, now
+from freetoken.server.errors import APIError, anthropic_error_body
+from freetoken.server.generation import EngineFailure, Finish, chat_events, close_quietly
+from freetoken.server.ids import message_id
+from freetoken.server.messages import from_anthropic
+from freetoken.server.prompt import Prompt
+from freetoken.server.sampling import build_sampling, stop_strings
+from freetoken.server.streaming import named_event
+from freetoken.server.tools import ToolPolicy, anthropic_tools
+
+log = logging.getLogger("freetoken.server")
+
+
+def enable_thinking(req: CountTokensRequest) -> bool:
+    """Thinking is on only when requested (``enabled`` or ``adaptive``); off when absent, as on
+    Anthropic's API (enabling it unasked is ollama/ollama#15287)."""
+    return req.thinking is not None and req.thinking.type != "disabled"
+
+
+def render_request(ctx: ServerContext, req: CountTokensRequest) -> tuple[Prompt, ToolPolicy]:
+    """Render a Messages (or count_tokens) request; returns the prompt and its tool policy.
+
+    Raises:
+        APIError: 400 for bad blocks, tools or template errors.
+    """
+    policy = anthropic_tools(req)
+    messages = from_anthropic(req.system, req.messages)
+    return ctx.render(messages, policy, enable_thinking(req)), policy
+
+
+def prepare_messages(ctx: ServerContext, req: MessagesRequest) -> ChatJob:
+    """Validate, render and tokenize a Messages request and clamp its sampling parameters.
+
+    Raises:
+        APIError: 400 for bad input, template errors or ``prompt is too long: N tokens > M
+            maximum``.
+    """
+    stop = stop_strings(req.stop_sequences, "stop_sequences")
+    prompt, policy = render_request(ctx, req)
+    ctx.check_context(len(prompt.token_ids), "anthropic", "messages")
+    sampling = build_sampling(
+        config=ctx.config,
+        requested_max_tokens=req.max_tokens,
+        prompt_len=len(prompt.token_ids),
+        max_model_len=ctx.engine.info.max_model_len,
+        temperature=req.temperature,
+        top_p=req.top_p,
+        top_k=req.top_k,
+        seed=req.seed,
+        stop=stop,
+        ignore_eos=req.ignore_eos,
+    )
+    return ChatJob(message_id(), ctx.model_name(req.model), now(), prompt, sampling, policy)
+
+
+def stop_fields(fin: Finish, num_tool_uses: int) -> tuple[str, str | None]:
+    """``(stop_reason, stop_sequence)``: ``max_tokens`` on length; ``tool_use`` when a tool was
+    called; ``stop_sequence`` with the matched string; else ``end_turn``."""
+    if fin.reason == "length":
+        return "max_tokens", None
+    if num_tool_uses:
+        return "tool_use", None
+    if fin.matched_stop_string is not None:
+        return "stop_sequence", fin.matched_stop_string
+    return "end_turn", None
+
+
+def anthropic_usage(fin: Finish) -> dict:
+    """Anthropic ``usage``: ``input_tokens`` excludes cache reads (their sum is the prompt)."""
+    return {
+        "input_tokens": fin.prompt_tokens - fin.cached_tokens,
+        "output_tokens": fin.completion_tokens,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": fin.cached_tokens,
+    }
+
+
+def _message(job: ChatJob, content: list[dict], stop: tuple[str | None, str | None], usage: dict) -> dict:
+    return {
+        "id": job.request_id,
+        "type": "message",
+        "role": "assistant",
+        "model": job.model,
+        "content": content,
+        "stop_reason": stop[0],
+        "stop_sequence": stop[1],
+        "usage": usage,
+    }
+
+
+async def complete_message(ctx: ServerContext, job: ChatJob) -> dict:
+    """Run ``job`` and build the ``message`` object.
+
+    Raises:
+        APIError: 400 when the engine rejects the request.
+        EngineFailure: the engine failed mid-generation.
+    """
+    builder = BlockBuilder()
+    fin: Finish | None = None
+    async for event in chat_events(ctx.engine, job.engine_request(), ctx.new_parser(job)):
+        if isinstance(event, Finish):
+            fin = event
+        else:
+            builder.feed(event)
+    builder.close()
+    assert fin is not None
+    return _message(job, builder.blocks, stop_fields(fin, builder.num_tool_uses), anthropic_usage(fin))
+
+
+async def stream_message(ctx: ServerContext, job: ChatJob) -> AsyncIterator[ServerSentEvent]:
+    """The SSE events of ``job`` in the documented order (see module docstring)."""
+    start_usage = {
+        "input_tokens": len(job.prompt.token_ids),
+        "output_tokens": 0,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 0,
+    }
+    events = chat_events(ctx.engine, job.engine_request(), ctx.new_parser(job))
+    builder = BlockBuilder()
+    try:
+        yield named_event({"type": "message_start", "message": _message(job, [], (None, None), start_usage)})
+        yield named_event({"type": "ping"})
+        fin: Finish | None = None
+        async for event in events:
+            if isinstance(event, Finish):
+                fin = event
+                continue
+            for payload in builder.feed(event):
+                yield named_event(payload)
+        for payload in builder.close():
+            yield named_event(payload)
+        assert fin is not None
+        reason, sequence = stop_fields(fin, builder.num_tool_uses)
+        yield named_event(
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": reason, "stop_sequence": sequence},
+                "usage": anthropic_usage(fin),
+            }
+        )
+        yield named_event({"type": "message_stop"})
+    except (APIError, EngineFailure) as exc:
+        err = exc if isinstance(exc, APIError) else APIError(500, str(exc))
+        yield named_event(anthropic_error_body(err))
+    except Exception as exc:  # noqa: BLE001 - headers are out: report in-band, then close
+        log.exception("messages stream %s failed", job.request_id)
+        yield named_event(anthropic_error_body(APIError(500, f"internal error: {exc}")))
+    finally:
+        await close_quietly(events)

@@ -1,0 +1,72 @@
+"""Request bodies of the Anthropic Messages API (``/v1/messages``, ``/v1/messages/count_tokens``).
+
+Follows docs.anthropic.com "Messages" and "Count message tokens". Content blocks stay plain dicts
+here and are validated one by one in :mod:`freetoken.server.anthropic_messages` (so an error names
+the exact block field). Unknown top-level fields (``metadata``, ``context_management``,
+``output_config``, ``cache_control``, ``service_tier``...) are accepted and ignored.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Lenient(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class AnthropicMessage(_Lenient):
+    """One turn. ``system`` turns inside ``messages`` (Claude Code ≥ 2.1.154) are rendered in place."""
+
+    role: Literal["user", "assistant", "system"]
+    content: str | list[dict[str, Any]]
+
+
+class AnthropicTool(_Lenient):
+    """A client tool (``type`` absent or ``custom``); server tools are rejected by the route."""
+
+    name: str = Field(min_length=1)
+    description: str | None = None
+    input_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
+    type: str | None = None
+
+
+class AnthropicToolChoice(_Lenient):
+    """``{"type": "auto"|"any"|"tool"|"none", "name"?: str}``."""
+
+    type: Literal["auto", "any", "tool", "none"]
+    name: str | None = None
+    disable_parallel_tool_use: bool | None = None
+
+
+class ThinkingConfig(_Lenient):
+    """``thinking``: ``enabled`` (with ``budget_tokens``), ``adaptive`` or ``disabled``."""
+
+    type: Literal["enabled", "adaptive", "disabled"]
+    budget_tokens: int | None = None
+
+
+class CountTokensRequest(_Lenient):
+    """``POST /v1/messages/count_tokens`` body."""
+
+    model: str | None = None
+    messages: list[AnthropicMessage] = Field(min_length=1)
+    system: str | list[dict[str, Any]] | None = None
+    tools: list[AnthropicTool] | None = None
+    tool_choice: AnthropicToolChoice | None = None
+    thinking: ThinkingConfig | None = None
+
+
+class MessagesRequest(CountTokensRequest):
+    """``POST /v1/messages`` body. ``max_tokens`` is optional here (the server default applies)."""
+
+    max_tokens: int | None = Field(default=None, ge=1)
+    stop_sequences: list[str] | None = None
+    stream: bool = False
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=-1)
+    seed: int | None = None
+    ignore_eos: bool = False

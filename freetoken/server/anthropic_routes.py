@@ -1,0 +1,39 @@
+"""Anthropic routes: ``POST /v1/messages`` and ``POST /v1/messages/count_tokens``.
+
+Query strings such as ``?beta=true`` (sent by the Anthropic SDKs and Claude Code) are ignored, as
+are ``anthropic-version`` / ``anthropic-beta`` headers.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from freetoken.server.anthropic_chat import complete_message, prepare_messages, render_request, stream_message
+from freetoken.server.anthropic_protocol import CountTokensRequest, MessagesRequest
+from freetoken.server.context import ServerContext, parse_body
+from freetoken.server.responses import json_result
+from freetoken.server.streaming import anthropic_ping, sse_response
+
+
+def anthropic_router(ctx: ServerContext) -> APIRouter:
+    """The Anthropic-compatible routes bound to ``ctx``."""
+    router = APIRouter()
+
+    @router.post("/v1/messages")
+    async def messages(request: Request) -> Response:
+        req = await parse_body(request, MessagesRequest)
+        ctx.check_healthy()
+        job = prepare_messages(ctx, req)
+        if req.stream:
+            return sse_response(stream_message(ctx, job), ctx.config.ping_interval_s, anthropic_ping)
+        return await json_result(request, complete_message(ctx, job))
+
+    @router.post("/v1/messages/count_tokens")
+    async def count_tokens(request: Request) -> Response:
+        req = await parse_body(request, CountTokensRequest)
+        prompt, _ = render_request(ctx, req)
+        return JSONResponse({"input_tokens": len(prompt.token_ids)})
+
+    return router

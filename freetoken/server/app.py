@@ -1,0 +1,102 @@
+"""The FastAPI application: wires the engine, settings, template and parser to the routes."""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from freetoken.engine.client import EngineClient
+from freetoken.server.anthropic_routes import anthropic_router
+from freetoken.server.config import ServerConfig
+from freetoken.server.context import ServerContext
+from freetoken.server.errors import APIError, api_for_path, error_response
+from freetoken.server.middleware import GuardMiddleware
+from freetoken.server.openai_routes import openai_router
+from freetoken.server.prompt import ParserFactory, PromptTemplate
+
+log = logging.getLogger("freetoken.server")
+
+
+def default_template(engine: EngineClient) -> PromptTemplate:
+    """The checkpoint's chat template, or the bundled one for its model type."""
+    from freetoken.chat.template import ChatTemplate
+
+    return ChatTemplate.for_model(engine.tokenizer.chat_template, engine.info.model_type)
+
+
+def default_parser_factory() -> ParserFactory:
+    """``freetoken.parsers.OutputParser`` (called as ``OutputParser(tools, in_reasoning=...,
+    parse_tools=...)`` once per request)."""
+    from freetoken.parsers import OutputParser  # type: ignore[attr-defined]
+
+    return OutputParser
+
+
+def create_app(
+    engine: EngineClient,
+    config: ServerConfig,
+    *,
+    template: PromptTemplate | None = None,
+    parser_factory: ParserFactory | None = None,
+) -> FastAPI:
+    """Build the HTTP app serving ``engine`` through the OpenAI and Anthropic APIs.
+
+    Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``,
+    ``POST /v1/messages``, ``POST /v1/messages/count_tokens``, ``GET /health``, ``GET|HEAD /``.
+    Every error (including unknown routes) is answered in the shape of the API its path belongs
+    to (``/v1/messages*`` Anthropic, everything else OpenAI).
+
+    Args:
+        engine: the engine (its ``tokenizer``, ``info.max_model_len`` and ``generate`` are used).
+        config: server settings.
+        template: chat template override; default ``ChatTemplate.for_model(tokenizer's
+            template, info.model_type)``.
+        parser_factory: output-parser constructor override; default
+            ``freetoken.parsers.OutputParser``.
+
+    Raises:
+        Whatever the default template / parser lookup raises (no template for the model type).
+    """
+    ctx = ServerContext(
+        engine=engine,
+        config=config,
+        template=template if template is not None else default_template(engine),
+        parser_factory=parser_factory if parser_factory is not None else default_parser_factory(),
+    )
+    app = FastAPI(title="FreeToken", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.freetoken = ctx
+    app.add_middleware(GuardMiddleware, config=config)
+
+    @app.exception_handler(APIError)
+    async def on_api_error(request: Request, exc: APIError) -> Response:
+        return error_response(exc, api_for_path(request.url.path))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def on_http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        where = f"{request.method} {request.url.path}"
+        message = f"Invalid URL ({where})" if exc.status_code == 404 else f"{exc.detail} ({where})"
+        return error_response(APIError(exc.status_code, message), api_for_path(request.url.path))
+
+    @app.exception_handler(Exception)
+    async def on_unexpected(request: Request, exc: Exception) -> Response:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        err = APIError(500, f"internal server error: {type(exc).__name__}: {exc}")
+        return error_response(err, api_for_path(request.url.path))
+
+    @app.get("/health")
+    async def health() -> Response:
+        if engine.is_healthy():
+            return JSONResponse({"status": "ok"})
+        return JSONResponse({"status": "unhealthy"}, status_code=503)
+
+    @app.api_route("/", methods=["GET", "HEAD"])
+    async def root() -> Response:
+        return JSONResponse({"status": "ok", "name": "freetoken"})
+
+    app.include_router(openai_router(ctx))
+    app.include_router(anthropic_router(ctx))
+    return app

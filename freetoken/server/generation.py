@@ -1,0 +1,132 @@
+"""Drives one engine request and turns its output into parser events plus a final :class:`Finish`.
+
+Closing any iterator returned here (client disconnect, task cancellation, ``aclose()``) closes the
+engine's iterator too, which aborts the request inside the engine (EngineClient contract).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Literal
+
+import anyio
+
+from freetoken.core import GenerationOutput, GenerationRequest
+from freetoken.engine.client import EngineClient
+from freetoken.parsers.events import ParserEvent
+from freetoken.server.errors import bad_request
+from freetoken.server.prompt import OutputParserLike
+
+log = logging.getLogger("freetoken.server")
+
+
+class EngineFailure(Exception):
+    """The engine failed or aborted a request after it was accepted (reported as a 500 or as an
+    error event on an open stream)."""
+
+
+@dataclass(frozen=True)
+class Finish:
+    """How a generation ended.
+
+    Attributes:
+        reason: ``stop`` (EOS, stop token or stop string) or ``length`` (max_tokens reached).
+        stop_reason: the matched stop string (str), stop token id (int), or None.
+        prompt_tokens: prompt length in tokens.
+        completion_tokens: generated tokens.
+        cached_tokens: prompt tokens served from the engine's prefix cache.
+    """
+
+    reason: Literal["stop", "length"]
+    stop_reason: str | int | None
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+
+    @property
+    def matched_stop_string(self) -> str | None:
+        """The stop string that ended generation, if one did."""
+        return self.stop_reason if isinstance(self.stop_reason, str) else None
+
+
+async def close_quietly(iterator: object) -> None:
+    """``await iterator.aclose()`` shielded from cancellation, logging (not raising) failures."""
+    aclose = getattr(iterator, "aclose", None)
+    if aclose is None:
+        return
+    with anyio.CancelScope(shield=True):
+        try:
+            await aclose()
+        except Exception:  # noqa: BLE001 - cleanup must not mask the original outcome
+            log.exception("closing an engine stream failed")
+
+
+async def engine_outputs(
+    engine: EngineClient, request: GenerationRequest
+) -> AsyncIterator[GenerationOutput]:
+    """The engine's output chunks up to and including the one with a finish reason.
+
+    Raises:
+        APIError: 400 when the engine rejects the request (``ValueError``: empty or too long
+            prompt).
+        EngineFailure: the engine raised, reported ``error``/``abort``, or ended its stream
+            without a finish reason.
+    """
+    stream = engine.generate(request)
+    try:
+        while True:
+            try:
+                out = await anext(stream)
+            except StopAsyncIteration:
+                raise EngineFailure("the engine ended the stream without a finish reason") from None
+            except ValueError as exc:
+                raise bad_request(str(exc)) from None
+            except Exception as exc:
+                raise EngineFailure(f"engine error: {exc}") from exc
+            if out.finish_reason == "error":
+                raise EngineFailure(out.error or "the engine failed while generating")
+            if out.finish_reason == "abort":
+                raise EngineFailure("the engine aborted the request")
+            yield out
+            if out.finish_reason is not None:
+                return
+    finally:
+        await close_quietly(stream)
+
+
+def finish_of(out: GenerationOutput) -> Finish:
+    """The :class:`Finish` described by the last (finished) output chunk."""
+    assert out.finish_reason in ("stop", "length"), out.finish_reason
+    return Finish(
+        reason=out.finish_reason,
+        stop_reason=out.stop_reason,
+        prompt_tokens=out.prompt_tokens,
+        completion_tokens=out.completion_tokens,
+        cached_tokens=out.cached_tokens,
+    )
+
+
+async def chat_events(
+    engine: EngineClient, request: GenerationRequest, parser: OutputParserLike
+) -> AsyncIterator[ParserEvent | Finish]:
+    """Parser events (text, reasoning, complete tool calls) of one request, then its Finish.
+
+    Raises:
+        APIError, EngineFailure: as :func:`engine_outputs`.
+    """
+    outputs = engine_outputs(engine, request)
+    last: GenerationOutput | None = None
+    try:
+        async for out in outputs:
+            if out.text:
+                for event in parser.feed(out.text):
+                    yield event
+            last = out
+    finally:
+        await close_quietly(outputs)
+    for event in parser.finish():
+        yield event
+    assert last is not None
+    yield finish_of(last)

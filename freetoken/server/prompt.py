@@ -1,0 +1,133 @@
+"""Rendering a conversation into prompt token ids, and the context-length check.
+
+The chat template (:class:`freetoken.chat.template.ChatTemplate`) and the output parser
+(:mod:`freetoken.parsers`) are reached through the two small protocols below so the HTTP layer can
+be tested with stand-ins.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Protocol
+
+from jinja2 import TemplateError
+
+from freetoken.parsers import prompt_opens_reasoning
+from freetoken.parsers.events import ParserEvent
+from freetoken.server.errors import APIError, Api, bad_request
+from freetoken.tokenizer.tokenizer import Tokenizer
+
+
+class PromptTemplate(Protocol):
+    """What the server needs of a chat template (``ChatTemplate.render``)."""
+
+    def render(
+        self,
+        messages: list[dict],
+        tools: list[dict] | None = None,
+        add_generation_prompt: bool = True,
+        enable_thinking: bool | None = None,
+    ) -> str: ...
+
+
+class OutputParserLike(Protocol):
+    """What the server needs of an output parser: streaming ``feed`` and a final ``finish``."""
+
+    def feed(self, text: str) -> Iterable[ParserEvent]: ...
+
+    def finish(self) -> Iterable[ParserEvent]: ...
+
+
+# (tools, *, in_reasoning, parse_tools) -> parser; ``freetoken.parsers.OutputParser`` fits.
+ParserFactory = Callable[..., OutputParserLike]
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """A rendered prompt.
+
+    Attributes:
+        text: the template output (special tokens written as text).
+        token_ids: its token ids, as the engine will prefill them.
+        in_reasoning: True when the prompt ends by opening a reasoning block (``<think>``), so the
+            model's first tokens are reasoning and the parser must start inside it.
+    """
+
+    text: str
+    token_ids: tuple[int, ...]
+    in_reasoning: bool
+
+
+def render_prompt(
+    template: PromptTemplate,
+    tokenizer: Tokenizer,
+    messages: list[dict],
+    tools: list[dict] | None,
+    enable_thinking: bool | None,
+) -> Prompt:
+    """Render ``messages`` (+ ``tools``) with the generation prompt and tokenize the result.
+
+    ``in_reasoning`` follows :func:`freetoken.parsers.prompt_opens_reasoning` (the last turn
+    opened ``<think>`` and did not close it, e.g. a generation prompt ending in ``<think>\n``).
+
+    Raises:
+        APIError: 400 when the template rejects the conversation (``ChatTemplate``'s
+            ``TemplateError``, jinja errors, type/key errors from a template).
+    """
+    try:
+        text = template.render(
+            messages, tools=tools, add_generation_prompt=True, enable_thinking=enable_thinking
+        )
+    except (TemplateError, ValueError, TypeError, KeyError, IndexError) as exc:
+        message = str(exc)
+        if not message.startswith("chat template"):
+            message = f"chat template error: {message}"
+        raise bad_request(message, param="messages") from None
+    return Prompt(text, tuple(tokenizer.encode(text)), prompt_opens_reasoning(text))
+
+
+def check_context(num_prompt_tokens: int, max_model_len: int, api: Api, param: str) -> None:
+    """Reject a prompt that leaves no room for one output token.
+
+    Raises:
+        APIError: 400 when ``num_prompt_tokens + 1 > max_model_len``; OpenAI code
+            ``context_length_exceeded``, Anthropic message ``prompt is too long: N tokens > M
+            maximum`` (the wording Claude Code parses to trigger compaction).
+    """
+    if num_prompt_tokens + 1 <= max_model_len:
+        return
+    if api == "anthropic":
+        raise APIError(
+            400, f"prompt is too long: {num_prompt_tokens} tokens > {max_model_len - 1} maximum"
+        )
+    raise APIError(
+        400,
+        f"This model's maximum context length is {max_model_len} tokens. However, your prompt "
+        f"has {num_prompt_tokens} tokens, which leaves no room for output. Please reduce the "
+        f"length of the {param}.",
+        param=param,
+        code="context_length_exceeded",
+    )
+
+
+def thinking_from_kwargs(kwargs: dict | None, effort: str | None) -> bool | None:
+    """``enable_thinking`` of an OpenAI request: ``chat_template_kwargs.enable_thinking`` (or
+    ``thinking``) wins, else ``reasoning_effort`` (``"none"`` → False, any other level → True),
+    else None (the template's default).
+
+    Raises:
+        APIError: 400 when the kwarg is not a boolean.
+    """
+    for key in ("enable_thinking", "thinking"):
+        if kwargs and key in kwargs:
+            value = kwargs[key]
+            if not isinstance(value, bool):
+                raise bad_request(
+                    f"chat_template_kwargs.{key}: Input should be a valid boolean",
+                    param=f"chat_template_kwargs.{key}",
+                )
+            return value
+    if effort is None:
+        return None
+    return effort != "none"

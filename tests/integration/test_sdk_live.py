@@ -1,0 +1,168 @@
+"""Acceptance: the official openai and anthropic SDKs against a real `freetoken serve` process
+running the embedded tiny qwen3_next model with a small output cap."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import anthropic
+import httpx
+import openai
+import pytest
+
+from freetoken.chat.template import ChatTemplate
+from freetoken.tokenizer.tokenizer import Tokenizer
+from tests.integration.live_server import live_server
+
+CAP = 24
+TOOLS_OAI = [{
+    "type": "function",
+    "function": {
+        "name": "bash",
+        "description": "Run a shell command",
+        "parameters": {"type": "object", "properties": {"command": {"type": "string"}},
+                       "required": ["command"]},
+    },
+}]
+TOOLS_ANT = [{"name": "bash", "description": "Run a shell command",
+              "input_schema": TOOLS_OAI[0]["function"]["parameters"]}]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory):
+    log = tmp_path_factory.mktemp("serve") / "serve.log"
+    with live_server("--max-output-tokens", str(CAP), "--served-model-name", "tiny-next",
+                     log_path=log) as base:
+        yield base, log
+
+
+@pytest.fixture(scope="module")
+def oai(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server[0]}/v1", api_key="dummy", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def ant(server) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=server[0], api_key="dummy", max_retries=0)
+
+
+def _served_tokenizer_and_template(server) -> tuple[Tokenizer, ChatTemplate]:
+    from freetoken.models.tiny import default_model_path
+
+    path = default_model_path()
+    tok = Tokenizer.from_pretrained(path)
+    return tok, ChatTemplate.for_model(tok.chat_template, "qwen3_next")
+
+
+def test_startup_report_order(server) -> None:
+    text = Path(server[1]).read_text()
+    marks = ["loading", "loaded", "listening on", "/v1/chat/completions", "/v1/messages"]
+    positions = [text.find(m) for m in marks]
+    assert all(p >= 0 for p in positions), text
+    assert positions == sorted(positions), text
+
+
+def test_models_lists_served_name(oai: openai.OpenAI) -> None:
+    assert [m.id for m in oai.models.list().data] == ["tiny-next"]
+
+
+def test_openai_stream_equals_non_stream(oai: openai.OpenAI) -> None:
+    kwargs = dict(model="gpt-whatever", messages=[{"role": "user", "content": "Say hi"}],
+                  temperature=0, max_tokens=12)
+    full = oai.chat.completions.create(**kwargs)
+    assert full.model == "gpt-whatever"
+    assert full.usage.completion_tokens <= 12
+    text = ""
+    reasoning = ""
+    chunks = oai.chat.completions.create(**kwargs, stream=True,
+                                         stream_options={"include_usage": True})
+    usage = None
+    for chunk in chunks:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for choice in chunk.choices:
+            text += choice.delta.content or ""
+            reasoning += getattr(choice.delta, "reasoning_content", None) or ""
+    assert text == (full.choices[0].message.content or "")
+    assert usage is not None and usage.completion_tokens == full.usage.completion_tokens
+    assert usage.prompt_tokens == full.usage.prompt_tokens
+
+
+def test_openai_ignore_eos_and_cap(oai: openai.OpenAI) -> None:
+    out = oai.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}],
+                                      max_tokens=7, extra_body={"ignore_eos": True})
+    assert out.usage.completion_tokens == 7
+    assert out.choices[0].finish_reason == "length"
+    capped = oai.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}],
+                                         max_tokens=10_000, extra_body={"ignore_eos": True})
+    assert capped.usage.completion_tokens == CAP
+    assert capped.choices[0].finish_reason == "length"
+
+
+def test_openai_tool_round_trip(server, oai: openai.OpenAI) -> None:
+    messages = [
+        {"role": "user", "content": "List the files"},
+        {"role": "assistant", "content": None, "tool_calls": [{
+            "id": "call_1", "type": "function",
+            "function": {"name": "bash", "arguments": json.dumps({"command": "ls"})}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "README.md\nsetup.py"},
+    ]
+    out = oai.chat.completions.create(model="m", messages=messages, tools=TOOLS_OAI,
+                                      temperature=0, max_tokens=8)
+    tok, template = _served_tokenizer_and_template(server)
+    rendered = template.render(
+        [messages[0], {**messages[1], "content": "", "tool_calls": [{
+            "id": "call_1", "type": "function",
+            "function": {"name": "bash", "arguments": {"command": "ls"}}}]}, messages[2]],
+        tools=TOOLS_OAI)
+    assert "<tool_response>\nREADME.md\nsetup.py\n</tool_response>" in rendered
+    assert out.usage.prompt_tokens == len(tok.encode(rendered))
+    assert out.choices[0].finish_reason in {"stop", "length", "tool_calls"}
+
+
+def test_anthropic_stream_equals_non_stream(ant: anthropic.Anthropic) -> None:
+    kwargs = dict(model="claude-sonnet-4-5", max_tokens=10, temperature=0,
+                  messages=[{"role": "user", "content": "Say hi"}])
+    full = ant.messages.create(**kwargs)
+    assert full.model == "claude-sonnet-4-5"
+    with ant.messages.stream(**kwargs) as stream:
+        final = stream.get_final_message()
+    assert [b.model_dump() for b in final.content] == [b.model_dump() for b in full.content]
+    assert final.usage.input_tokens == full.usage.input_tokens
+    assert final.usage.output_tokens == full.usage.output_tokens
+    counted = ant.messages.count_tokens(model="x", messages=kwargs["messages"])
+    assert counted.input_tokens == full.usage.input_tokens
+
+
+def test_anthropic_tool_round_trip(ant: anthropic.Anthropic) -> None:
+    messages = [
+        {"role": "user", "content": "List the files"},
+        {"role": "assistant", "content": [
+            {"type": "text", "text": "Listing."},
+            {"type": "tool_use", "id": "toolu_01", "name": "bash", "input": {"command": "ls"}}]},
+        {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "toolu_01", "content": "README.md",
+             "is_error": False}]},
+    ]
+    out = ant.messages.create(model="claude-x", max_tokens=8, temperature=0,
+                              tools=TOOLS_ANT, messages=messages)
+    assert out.stop_reason in {"end_turn", "max_tokens", "tool_use"}
+    counted = ant.messages.count_tokens(model="claude-x", tools=TOOLS_ANT, messages=messages)
+    assert counted.input_tokens == out.usage.input_tokens
+    shorter = ant.messages.count_tokens(model="claude-x", tools=TOOLS_ANT, messages=messages[:1])
+    assert shorter.input_tokens < counted.input_tokens
+
+
+def test_server_healthy_after_bad_input(server) -> None:
+    base = server[0]
+    bad = httpx.post(f"{base}/v1/chat/completions", content=b"{not json",
+                     headers={"content-type": "application/json"})
+    assert bad.status_code == 400
+    assert bad.json()["error"]["type"] == "invalid_request_error"
+    huge = httpx.post(f"{base}/v1/messages", json={
+        "model": "m", "max_tokens": 4,
+        "messages": [{"role": "user", "content": "word " * 300_000}]}, timeout=120)
+    assert huge.status_code in {400, 413}
+    assert huge.json()["type"] == "error"
+    assert httpx.get(f"{base}/health").status_code == 200
