@@ -4,7 +4,8 @@ Written for the Qwen3 family output format (model-architectures.md §7.3-7.4, ha
 
 * ``<think>…</think>`` is reasoning. The think block may already be open in the prompt (the
   generation prompt ended with ``<think>\\n``: pass ``in_reasoning=True``, see
-  :func:`prompt_opens_reasoning`); a ``<think>`` written by the model opens one. The template's
+  :func:`prompt_opens_reasoning`); a ``<think>`` written by the model (at the start, or later
+  for interleaved thinking) opens one. The template's
   newline conventions are removed: newlines right after ``<think>`` and right before ``</think>``,
   and newlines after ``</think>`` or after a tool call.
 * Tool calls (JSON or XML form, :mod:`freetoken.parsers.toolcall`) become
@@ -13,7 +14,8 @@ Written for the Qwen3 family output format (model-architectures.md §7.3-7.4, ha
 
 Streaming rule: text is released as soon as it cannot be the start of a tag. Only a suffix that
 could still become a tag (``"<too"``), plus in answer text the newlines right before it (they are
-dropped if a call follows), is held back; a tool call is emitted once complete. Coalesced events
+dropped if a tool call or think block follows), is held back; a tool call is emitted once
+complete (at its closing tag). Coalesced events
 (:func:`coalesce`) do not depend on how the output was chunked.
 
 Malformed markup never raises: a call that cannot be parsed is returned as plain text with its
@@ -72,7 +74,6 @@ class OutputParser:
 
     def __init__(self, tools: list[dict] | None, *, in_reasoning: bool, parse_tools: bool = True) -> None:
         self._schemas = tool_parameter_schemas(tools) if parse_tools else {}
-        self._parse_tools = parse_tools
         tags = (THINK_OPEN, THINK_CLOSE) + ((TOOL_OPEN, TOOL_CLOSE, FUNC_OPEN) if parse_tools else ())
         self._tags = tags
         self._tag_re = re.compile("|".join(re.escape(t) for t in tags))

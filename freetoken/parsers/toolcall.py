@@ -15,9 +15,12 @@ Two call forms are accepted whatever the model (the form is detected from the fi
 
   A value ends only at a ``</parameter>`` that is followed (after whitespace) by another
   ``<parameter=`` or by ``</function>``; anything else, ``</function>`` and ``</tool_call>``
-  included, is part of the value. One newline after ``<parameter=ARG>`` and one before
-  ``</parameter>`` are framing and removed; the rest of the value is byte-exact. Values are typed
-  by :func:`freetoken.parsers.schema.coerce_parameter`.
+  included, is part of the value, so the only text a value cannot hold is ``</parameter>``
+  followed by whitespace and ``<parameter=`` or ``</function>``. One newline after
+  ``<parameter=ARG>`` and one before ``</parameter>`` are framing and removed (either may be
+  missing); the rest of the value is byte-exact. Values are typed by
+  :func:`freetoken.parsers.schema.coerce_parameter`. After ``</function>`` a wrapped call expects
+  ``</tool_call>`` (a repeated ``</function>`` is skipped).
 
 The scanners keep their position between calls, so feeding a long call token by token costs
 linear time. A scanner never raises: it answers "need more text", a parsed call, or a malformed

@@ -20,7 +20,12 @@ import json
 import logging
 from collections.abc import Callable
 
-from freetoken.parsers.events import ParserEvent, ReasoningDelta, TextDelta, ToolCallEvent
+from freetoken.parsers.events import (
+    ParserEvent,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallEvent,
+)
 from freetoken.server.ids import anthropic_tool_use_id
 
 log = logging.getLogger("freetoken.server")
@@ -89,12 +94,20 @@ class BlockBuilder:
                 text = self._pending + text
             self._pending_kind, self._pending = None, ""
             out += self._close_open()
-            start = {"type": "text", "text": ""} if kind == "text" else {"type": "thinking", "thinking": "", "signature": ""}
+            start = (
+                {"type": "text", "text": ""}
+                if kind == "text"
+                else {"type": "thinking", "thinking": "", "signature": ""}
+            )
             out.append(self._start(start))
             self._open = kind
         index = len(self.blocks) - 1
         self.blocks[index][field] += text
-        delta = {"type": "text_delta", "text": text} if kind == "text" else {"type": "thinking_delta", "thinking": text}
+        delta = (
+            {"type": "text_delta", "text": text}
+            if kind == "text"
+            else {"type": "thinking_delta", "thinking": text}
+        )
         out.append({"type": "content_block_delta", "index": index, "delta": delta})
         return out
 
@@ -102,7 +115,9 @@ class BlockBuilder:
         self._pending_kind, self._pending = None, ""
         out = self._close_open()
         tool_id = self._new_tool_id()
-        out.append(self._start({"type": "tool_use", "id": tool_id, "name": event.name, "input": {}}))
+        out.append(
+            self._start({"type": "tool_use", "id": tool_id, "name": event.name, "input": {}})
+        )
         index = len(self.blocks) - 1
         self.blocks[index]["input"] = _tool_input(event.arguments)
         out.append(
@@ -118,7 +133,11 @@ class BlockBuilder:
 
     def _start(self, block: dict) -> dict:
         self.blocks.append(dict(block))
-        return {"type": "content_block_start", "index": len(self.blocks) - 1, "content_block": block}
+        return {
+            "type": "content_block_start",
+            "index": len(self.blocks) - 1,
+            "content_block": block,
+        }
 
     def _close_open(self) -> list[dict]:
         if self._open is None:
@@ -129,7 +148,11 @@ class BlockBuilder:
             signature = thinking_signature(self.blocks[index]["thinking"])
             self.blocks[index]["signature"] = signature
             out.append(
-                {"type": "content_block_delta", "index": index, "delta": {"type": "signature_delta", "signature": signature}}
+                {
+                    "type": "content_block_delta",
+                    "index": index,
+                    "delta": {"type": "signature_delta", "signature": signature},
+                }
             )
         out.append({"type": "content_block_stop", "index": index})
         self._open = None

@@ -18,7 +18,12 @@ from freetoken.server.anthropic_blocks import BlockBuilder
 from freetoken.server.anthropic_protocol import CountTokensRequest, MessagesRequest
 from freetoken.server.context import ChatJob, ServerContext, now
 from freetoken.server.errors import APIError, anthropic_error_body
-from freetoken.server.generation import EngineFailure, Finish, chat_events, close_quietly
+from freetoken.server.generation import (
+    EngineFailure,
+    Finish,
+    chat_events,
+    close_quietly,
+)
 from freetoken.server.ids import message_id
 from freetoken.server.messages import from_anthropic
 from freetoken.server.prompt import Prompt
@@ -93,7 +98,9 @@ def anthropic_usage(fin: Finish) -> dict:
     }
 
 
-def _message(job: ChatJob, content: list[dict], stop: tuple[str | None, str | None], usage: dict) -> dict:
+def _message(
+    job: ChatJob, content: list[dict], stop: tuple[str | None, str | None], usage: dict
+) -> dict:
     return {
         "id": job.request_id,
         "type": "message",
@@ -122,7 +129,9 @@ async def complete_message(ctx: ServerContext, job: ChatJob) -> dict:
             builder.feed(event)
     builder.close()
     assert fin is not None
-    return _message(job, builder.blocks, stop_fields(fin, builder.num_tool_uses), anthropic_usage(fin))
+    return _message(
+        job, builder.blocks, stop_fields(fin, builder.num_tool_uses), anthropic_usage(fin)
+    )
 
 
 async def stream_message(ctx: ServerContext, job: ChatJob) -> AsyncIterator[ServerSentEvent]:
@@ -136,7 +145,9 @@ async def stream_message(ctx: ServerContext, job: ChatJob) -> AsyncIterator[Serv
     events = chat_events(ctx.engine, job.engine_request(), ctx.new_parser(job))
     builder = BlockBuilder()
     try:
-        yield named_event({"type": "message_start", "message": _message(job, [], (None, None), start_usage)})
+        yield named_event(
+            {"type": "message_start", "message": _message(job, [], (None, None), start_usage)}
+        )
         yield named_event({"type": "ping"})
         fin: Finish | None = None
         async for event in events:

@@ -18,7 +18,7 @@ class _Lenient(BaseModel):
 
 
 class AnthropicMessage(_Lenient):
-    """One turn. ``system`` turns inside ``messages`` (Claude Code ≥ 2.1.154) are rendered in place."""
+    """One turn; ``system`` turns inside ``messages`` (Claude Code ≥ 2.1.154) render in place."""
 
     role: Literal["user", "assistant", "system"]
     content: str | list[dict[str, Any]]
@@ -29,7 +29,9 @@ class AnthropicTool(_Lenient):
 
     name: str = Field(min_length=1)
     description: str | None = None
-    input_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
+    input_schema: dict[str, Any] = Field(
+        default_factory=lambda: {"type": "object", "properties": {}}
+    )
     type: str | None = None
 
 

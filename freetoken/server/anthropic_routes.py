@@ -10,7 +10,12 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from freetoken.server.anthropic_chat import complete_message, prepare_messages, render_request, stream_message
+from freetoken.server.anthropic_chat import (
+    complete_message,
+    prepare_messages,
+    render_request,
+    stream_message,
+)
 from freetoken.server.anthropic_protocol import CountTokensRequest, MessagesRequest
 from freetoken.server.context import ServerContext, parse_body
 from freetoken.server.responses import json_result
@@ -23,15 +28,19 @@ def anthropic_router(ctx: ServerContext) -> APIRouter:
 
     @router.post("/v1/messages")
     async def messages(request: Request) -> Response:
+        """Create a message (``stream: true`` → SSE events)."""
         req = await parse_body(request, MessagesRequest)
         ctx.check_healthy()
         job = prepare_messages(ctx, req)
         if req.stream:
-            return sse_response(stream_message(ctx, job), ctx.config.ping_interval_s, anthropic_ping)
+            return sse_response(
+                stream_message(ctx, job), ctx.config.ping_interval_s, anthropic_ping
+            )
         return await json_result(request, complete_message(ctx, job))
 
     @router.post("/v1/messages/count_tokens")
     async def count_tokens(request: Request) -> Response:
+        """``{"input_tokens": N}``: tokens of the rendered prompt (nothing is generated)."""
         req = await parse_body(request, CountTokensRequest)
         prompt, _ = render_request(ctx, req)
         return JSONResponse({"input_tokens": len(prompt.token_ids)})

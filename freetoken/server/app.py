@@ -73,28 +73,33 @@ def create_app(
 
     @app.exception_handler(APIError)
     async def on_api_error(request: Request, exc: APIError) -> Response:
+        """An APIError in the shape of the path's API."""
         return error_response(exc, api_for_path(request.url.path))
 
     @app.exception_handler(StarletteHTTPException)
     async def on_http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        """Unknown route (404) or method (405) in the shape of the path's API."""
         where = f"{request.method} {request.url.path}"
         message = f"Invalid URL ({where})" if exc.status_code == 404 else f"{exc.detail} ({where})"
         return error_response(APIError(exc.status_code, message), api_for_path(request.url.path))
 
     @app.exception_handler(Exception)
     async def on_unexpected(request: Request, exc: Exception) -> Response:
+        """A bug: logged, answered 500 in the API shape."""
         log.exception("unhandled error on %s %s", request.method, request.url.path)
         err = APIError(500, f"internal server error: {type(exc).__name__}: {exc}")
         return error_response(err, api_for_path(request.url.path))
 
     @app.get("/health")
     async def health() -> Response:
+        """200 ``{"status": "ok"}`` while the engine is healthy, else 503."""
         if engine.is_healthy():
             return JSONResponse({"status": "ok"})
         return JSONResponse({"status": "unhealthy"}, status_code=503)
 
     @app.api_route("/", methods=["GET", "HEAD"])
     async def root() -> Response:
+        """Connectivity check (Claude Code sends ``HEAD /``)."""
         return JSONResponse({"status": "ok", "name": "freetoken"})
 
     app.include_router(openai_router(ctx))

@@ -13,7 +13,7 @@ from starlette.requests import Request
 from freetoken.core import GenerationRequest, SamplingParams
 from freetoken.engine.client import EngineClient
 from freetoken.server.config import ServerConfig
-from freetoken.server.errors import APIError, Api, bad_request, from_validation_error
+from freetoken.server.errors import Api, APIError, bad_request, from_validation_error
 from freetoken.server.prompt import (
     OutputParserLike,
     ParserFactory,
@@ -81,7 +81,7 @@ class ServerContext:
         check_context(prompt_len, self.engine.info.max_model_len, api, param)
 
     def new_parser(self, job: ChatJob) -> OutputParserLike:
-        """A fresh output parser for ``job`` (starting inside reasoning when the prompt opened it)."""
+        """A fresh output parser for ``job`` (inside reasoning when the prompt opened it)."""
         return self.parser_factory(
             job.policy.tools,
             in_reasoning=job.prompt.in_reasoning,

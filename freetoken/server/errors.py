@@ -68,13 +68,17 @@ def api_for_path(path: str) -> Api:
 
 def openai_error_body(err: APIError) -> dict:
     """``{"error": {"message", "type", "param", "code"}}`` for ``err``."""
-    kind = _OPENAI_TYPES.get(err.status, "invalid_request_error" if err.status < 500 else "server_error")
+    kind = _OPENAI_TYPES.get(
+        err.status, "invalid_request_error" if err.status < 500 else "server_error"
+    )
     return {"error": {"message": err.message, "type": kind, "param": err.param, "code": err.code}}
 
 
 def anthropic_error_body(err: APIError) -> dict:
     """``{"type": "error", "error": {"type", "message"}}`` for ``err``."""
-    kind = _ANTHROPIC_TYPES.get(err.status, "invalid_request_error" if err.status < 500 else "api_error")
+    kind = _ANTHROPIC_TYPES.get(
+        err.status, "invalid_request_error" if err.status < 500 else "api_error"
+    )
     return {"type": "error", "error": {"type": kind, "message": err.message}}
 
 
@@ -96,7 +100,9 @@ def field_path(loc: tuple[str | int, ...]) -> str:
     parts = [
         str(p)
         for p in loc
-        if not (isinstance(p, str) and (p in _BRANCH_LABELS or "[" in p or p.startswith("function-")))
+        if not (
+            isinstance(p, str) and (p in _BRANCH_LABELS or "[" in p or p.startswith("function-"))
+        )
     ]
     return ".".join(parts)
 

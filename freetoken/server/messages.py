@@ -117,7 +117,9 @@ def from_openai(messages: list[ChatMessage]) -> list[dict]:
             out.append({"role": "tool", "content": text, "tool_call_id": msg.tool_call_id})
         else:
             item: dict[str, Any] = {"role": "assistant", "content": text}
-            reasoning = msg.reasoning_content if msg.reasoning_content is not None else msg.reasoning
+            reasoning = (
+                msg.reasoning_content if msg.reasoning_content is not None else msg.reasoning
+            )
             if reasoning:
                 item["reasoning_content"] = reasoning
             if msg.tool_calls:
@@ -204,7 +206,11 @@ def _assistant_turn(content: str | list[dict[str, Any]], path: str) -> dict:
         elif kind == "tool_use":
             use = _validate(_ToolUseBlock, block, f"{path}.{j}")
             calls.append(
-                {"id": use.id, "type": "function", "function": {"name": use.name, "arguments": use.input}}
+                {
+                    "id": use.id,
+                    "type": "function",
+                    "function": {"name": use.name, "arguments": use.input},
+                }
             )
         else:
             raise _unsupported(kind, f"{path}.{j}")

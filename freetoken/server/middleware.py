@@ -55,7 +55,9 @@ class GuardMiddleware:
             return
         if too_large:
             err = APIError(
-                413, f"request body is larger than the server limit of {self.config.max_body_bytes} bytes"
+                413,
+                "request body is larger than the server limit of "
+                f"{self.config.max_body_bytes} bytes",
             )
             await error_response(err, api)(scope, receive, send)
             return
@@ -96,6 +98,7 @@ def _replay(body: bytes, receive: Receive) -> Receive:
     sent = False
 
     async def replay() -> Message:
+        """The buffered body first, then the real ``receive``."""
         nonlocal sent
         if not sent:
             sent = True

@@ -1,4 +1,4 @@
-"""``/v1/chat/completions``: request → :class:`ChatJob`, and the job's output in both response modes.
+"""``/v1/chat/completions``: request → :class:`ChatJob`; the job's output in both response modes.
 
 Response shapes follow the OpenAI Chat Completions reference (``chat.completion`` object and
 ``chat.completion.chunk`` stream). Extensions as in vLLM: ``reasoning_content`` on the message and
@@ -16,7 +16,12 @@ from sse_starlette import ServerSentEvent
 from freetoken.parsers.events import ReasoningDelta, TextDelta, ToolCallEvent
 from freetoken.server.context import ChatJob, ServerContext, now
 from freetoken.server.errors import APIError, bad_request, openai_error_body
-from freetoken.server.generation import EngineFailure, Finish, chat_events, close_quietly
+from freetoken.server.generation import (
+    EngineFailure,
+    Finish,
+    chat_events,
+    close_quietly,
+)
 from freetoken.server.ids import chat_completion_id, openai_tool_call_id
 from freetoken.server.messages import from_openai
 from freetoken.server.openai_protocol import ChatCompletionRequest
@@ -54,7 +59,9 @@ def prepare_chat(ctx: ServerContext, req: ChatCompletionRequest) -> ChatJob:
     """
     check_unsupported(req.n)
     if req.logprobs:
-        raise bad_request("logprobs: logprobs are supported on /v1/completions only", param="logprobs")
+        raise bad_request(
+            "logprobs: logprobs are supported on /v1/completions only", param="logprobs"
+        )
     if req.response_format and req.response_format.get("type", "text") != "text":
         raise bad_request(
             "response_format: only {'type': 'text'} is supported", param="response_format.type"
@@ -62,9 +69,13 @@ def prepare_chat(ctx: ServerContext, req: ChatCompletionRequest) -> ChatJob:
     policy = openai_tools(req)
     messages = from_openai(req.messages)
     stop = stop_strings(req.stop, "stop")
-    prompt = ctx.render(messages, policy, thinking_from_kwargs(req.chat_template_kwargs, req.reasoning_effort))
+    prompt = ctx.render(
+        messages, policy, thinking_from_kwargs(req.chat_template_kwargs, req.reasoning_effort)
+    )
     ctx.check_context(len(prompt.token_ids), "openai", "messages")
-    requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    requested = (
+        req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    )
     sampling = build_sampling(
         config=ctx.config,
         requested_max_tokens=requested,
@@ -115,7 +126,10 @@ async def complete_chat(ctx: ServerContext, job: ChatJob) -> dict:
             fin = event
     assert fin is not None
     content = "".join(texts)
-    message: dict = {"role": "assistant", "content": None if calls and not content.strip() else content}
+    message: dict = {
+        "role": "assistant",
+        "content": None if calls and not content.strip() else content,
+    }
     if thoughts:
         message["reasoning_content"] = "".join(thoughts)
     if calls:
@@ -126,7 +140,12 @@ async def complete_chat(ctx: ServerContext, job: ChatJob) -> dict:
         "created": job.created,
         "model": job.model,
         "choices": [
-            {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason(fin, len(calls))}
+            {
+                "index": 0,
+                "message": message,
+                "logprobs": None,
+                "finish_reason": finish_reason(fin, len(calls)),
+            }
         ],
         "usage": openai_usage(fin),
     }
@@ -138,17 +157,28 @@ def stream_error_event(exc: Exception) -> ServerSentEvent:
     return data_event(openai_error_body(err))
 
 
-async def stream_chat(ctx: ServerContext, job: ChatJob, include_usage: bool) -> AsyncIterator[ServerSentEvent]:
+async def stream_chat(
+    ctx: ServerContext, job: ChatJob, include_usage: bool
+) -> AsyncIterator[ServerSentEvent]:
     """``chat.completion.chunk`` events of ``job``, then ``[DONE]``.
 
     The first chunk carries ``role``; the finish chunk has an empty delta; with
     ``include_usage`` every chunk has ``usage: null`` and a last chunk with empty ``choices``
     carries the usage. On failure an ``{"error": ...}`` event ends the stream (no ``[DONE]``).
     """
-    base = {"id": job.request_id, "object": "chat.completion.chunk", "created": job.created, "model": job.model}
+    base = {
+        "id": job.request_id,
+        "object": "chat.completion.chunk",
+        "created": job.created,
+        "model": job.model,
+    }
 
     def chunk(delta: dict, reason: str | None = None) -> ServerSentEvent:
-        body = {**base, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}]}
+        """One ``chat.completion.chunk`` event."""
+        body = {
+            **base,
+            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}],
+        }
         if include_usage:
             body["usage"] = None
         return data_event(body)
@@ -166,8 +196,16 @@ async def stream_chat(ctx: ServerContext, job: ChatJob, include_usage: bool) -> 
                     yield chunk({"reasoning_content": event.text})
             elif isinstance(event, ToolCallEvent):
                 head = {"index": num_calls, "id": openai_tool_call_id(), "type": "function"}
-                yield chunk({"tool_calls": [{**head, "function": {"name": event.name, "arguments": ""}}]})
-                yield chunk({"tool_calls": [{"index": num_calls, "function": {"arguments": event.arguments}}]})
+                yield chunk(
+                    {"tool_calls": [{**head, "function": {"name": event.name, "arguments": ""}}]}
+                )
+                yield chunk(
+                    {
+                        "tool_calls": [
+                            {"index": num_calls, "function": {"arguments": event.arguments}}
+                        ]
+                    }
+                )
                 num_calls += 1
             else:
                 yield chunk({}, finish_reason(event, num_calls))

@@ -13,9 +13,18 @@ from sse_starlette import ServerSentEvent
 from freetoken.core import GenerationOutput, GenerationRequest
 from freetoken.server.context import ServerContext, now
 from freetoken.server.errors import APIError, bad_request
-from freetoken.server.generation import EngineFailure, close_quietly, engine_outputs, finish_of
+from freetoken.server.generation import (
+    EngineFailure,
+    close_quietly,
+    engine_outputs,
+    finish_of,
+)
 from freetoken.server.ids import completion_id
-from freetoken.server.openai_chat import check_unsupported, openai_usage, stream_error_event
+from freetoken.server.openai_chat import (
+    check_unsupported,
+    openai_usage,
+    stream_error_event,
+)
 from freetoken.server.openai_protocol import CompletionRequest
 from freetoken.server.sampling import build_sampling, stop_strings
 from freetoken.server.streaming import data_event
@@ -51,7 +60,8 @@ def prompt_ids(ctx: ServerContext, prompt: str | list) -> tuple[int, ...]:
         for i, tok in enumerate(ids):
             if not 0 <= tok < vocab:
                 raise bad_request(
-                    f"prompt.{i}: token id {tok} is outside the vocabulary [0, {vocab})", param="prompt"
+                    f"prompt.{i}: token id {tok} is outside the vocabulary [0, {vocab})",
+                    param="prompt",
                 )
     if not ids:
         raise bad_request("prompt: the prompt is empty", param="prompt")
@@ -86,7 +96,12 @@ def prepare_completion(ctx: ServerContext, req: CompletionRequest) -> Completion
         logprobs=req.logprobs,
     )
     rid = completion_id()
-    return CompletionJob(GenerationRequest(rid, ids, sampling), ctx.model_name(req.model), now(), req.logprobs is not None)
+    return CompletionJob(
+        GenerationRequest(rid, ids, sampling),
+        ctx.model_name(req.model),
+        now(),
+        req.logprobs is not None,
+    )
 
 
 class _LogprobsBuilder:
@@ -96,6 +111,7 @@ class _LogprobsBuilder:
         self.offset = 0
 
     def chunk(self, out: GenerationOutput) -> dict:
+        """Logprobs of the tokens in ``out``."""
         body: dict = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
         for lp in out.logprobs or ():
             body["tokens"].append(lp.token)
@@ -145,10 +161,17 @@ async def complete_text(ctx: ServerContext, job: CompletionJob) -> dict:
     }
 
 
-async def stream_text(ctx: ServerContext, job: CompletionJob, include_usage: bool) -> AsyncIterator[ServerSentEvent]:
+async def stream_text(
+    ctx: ServerContext, job: CompletionJob, include_usage: bool
+) -> AsyncIterator[ServerSentEvent]:
     """``text_completion`` chunks (one per engine chunk, the last with ``finish_reason``), an
     optional usage chunk with empty ``choices``, then ``[DONE]``; an error event on failure."""
-    base = {"id": job.request.request_id, "object": "text_completion", "created": job.created, "model": job.model}
+    base = {
+        "id": job.request.request_id,
+        "object": "text_completion",
+        "created": job.created,
+        "model": job.model,
+    }
     builder = _LogprobsBuilder()
     outputs = engine_outputs(ctx.engine, job.request)
     try:

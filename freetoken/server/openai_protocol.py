@@ -18,7 +18,7 @@ class _Lenient(BaseModel):
 
 
 class FunctionCallIn(_Lenient):
-    """``tool_calls[].function`` of an assistant message; ``arguments`` is normally a JSON string."""
+    """``tool_calls[].function`` of an assistant message (``arguments``: usually JSON text)."""
 
     name: str
     arguments: str | dict[str, Any] = "{}"
@@ -64,6 +64,8 @@ class ToolDef(_Lenient):
 
 
 class NamedFunction(_Lenient):
+    """The function a named ``tool_choice`` forces."""
+
     name: str
 
 
@@ -75,6 +77,8 @@ class NamedToolChoice(_Lenient):
 
 
 class StreamOptions(_Lenient):
+    """``stream_options``: ``include_usage`` adds a final usage chunk."""
+
     include_usage: bool = False
 
 

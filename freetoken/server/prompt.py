@@ -15,7 +15,7 @@ from jinja2 import TemplateError
 
 from freetoken.parsers import prompt_opens_reasoning
 from freetoken.parsers.events import ParserEvent
-from freetoken.server.errors import APIError, Api, bad_request
+from freetoken.server.errors import Api, APIError, bad_request
 from freetoken.tokenizer.tokenizer import Tokenizer
 
 
@@ -28,15 +28,21 @@ class PromptTemplate(Protocol):
         tools: list[dict] | None = None,
         add_generation_prompt: bool = True,
         enable_thinking: bool | None = None,
-    ) -> str: ...
+    ) -> str:
+        """Prompt text of ``messages`` (see ``ChatTemplate.render``)."""
+        ...
 
 
 class OutputParserLike(Protocol):
     """What the server needs of an output parser: streaming ``feed`` and a final ``finish``."""
 
-    def feed(self, text: str) -> Iterable[ParserEvent]: ...
+    def feed(self, text: str) -> Iterable[ParserEvent]:
+        """Events made certain by the new ``text``."""
+        ...
 
-    def finish(self) -> Iterable[ParserEvent]: ...
+    def finish(self) -> Iterable[ParserEvent]:
+        """Events left at the end of output."""
+        ...
 
 
 # (tools, *, in_reasoning, parse_tools) -> parser; ``freetoken.parsers.OutputParser`` fits.

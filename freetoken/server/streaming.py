@@ -49,9 +49,13 @@ def sse_response(
     ping_interval_s: float,
     ping: Callable[[], ServerSentEvent],
 ) -> EventSourceResponse:
-    """A ``text/event-stream`` response of ``events`` with a keep-alive every ``ping_interval_s``."""
+    """A ``text/event-stream`` response of ``events``, a keep-alive every ``ping_interval_s``."""
     return EventSourceResponse(
-        events, ping=ping_interval_s, ping_message_factory=ping, sep=_SEP, headers={"Cache-Control": "no-cache"}
+        events,
+        ping=ping_interval_s,
+        ping_message_factory=ping,
+        sep=_SEP,
+        headers={"Cache-Control": "no-cache"},
     )
 
 

@@ -53,13 +53,18 @@ def openai_tools(req: ChatCompletionRequest) -> ToolPolicy:
             that is not declared.
     """
     tools = (
-        [_function(t.function.name, t.function.description, t.function.parameters) for t in req.tools]
+        [
+            _function(t.function.name, t.function.description, t.function.parameters)
+            for t in req.tools
+        ]
         if req.tools
         else None
     )
     choice = req.tool_choice
     if choice == "required" and not tools:
-        raise bad_request("tool_choice: 'required' needs a non-empty tools list", param="tool_choice")
+        raise bad_request(
+            "tool_choice: 'required' needs a non-empty tools list", param="tool_choice"
+        )
     if choice is not None and not isinstance(choice, str):
         _check_named(choice.function.name, tools, "tool_choice.function.name")
     return ToolPolicy(tools, parse_tools=bool(tools) and choice != "none")
@@ -77,12 +82,15 @@ def anthropic_tools(req: CountTokensRequest) -> ToolPolicy:
         for i, tool in enumerate(req.tools):
             if tool.type not in (None, "custom"):
                 raise bad_request(
-                    f"tools.{i}.type: server tool {tool.type!r} is not supported", param=f"tools.{i}.type"
+                    f"tools.{i}.type: server tool {tool.type!r} is not supported",
+                    param=f"tools.{i}.type",
                 )
         tools = [_function(t.name, t.description, t.input_schema) for t in req.tools]
     choice = req.tool_choice
     if choice is not None and choice.type in ("any", "tool") and not tools:
-        raise bad_request(f"tool_choice: {choice.type!r} needs a non-empty tools list", param="tool_choice")
+        raise bad_request(
+            f"tool_choice: {choice.type!r} needs a non-empty tools list", param="tool_choice"
+        )
     if choice is not None and choice.type == "tool":
         if not choice.name:
             raise bad_request("tool_choice.name: Field required", param="tool_choice.name")

@@ -55,6 +55,11 @@ def _served_tokenizer_and_template(server) -> tuple[Tokenizer, ChatTemplate]:
     return tok, ChatTemplate.for_model(tok.chat_template, "qwen3_next")
 
 
+def _prompt_tokens(usage) -> int:
+    """Anthropic input_tokens excludes prefix-cache reads; the prompt is their sum."""
+    return usage.input_tokens + (usage.cache_read_input_tokens or 0)
+
+
 def test_startup_report_order(server) -> None:
     text = Path(server[1]).read_text()
     marks = ["loading", "loaded", "listening on", "/v1/chat/completions", "/v1/messages"]
@@ -122,17 +127,17 @@ def test_openai_tool_round_trip(server, oai: openai.OpenAI) -> None:
 
 
 def test_anthropic_stream_equals_non_stream(ant: anthropic.Anthropic) -> None:
-    kwargs = dict(model="claude-sonnet-4-5", max_tokens=10, temperature=0,
+    kwargs = dict(model="claude-test-model", max_tokens=10, extra_body={"temperature": 0},
                   messages=[{"role": "user", "content": "Say hi"}])
     full = ant.messages.create(**kwargs)
-    assert full.model == "claude-sonnet-4-5"
+    assert full.model == "claude-test-model"
     with ant.messages.stream(**kwargs) as stream:
         final = stream.get_final_message()
     assert [b.model_dump() for b in final.content] == [b.model_dump() for b in full.content]
     assert final.usage.input_tokens == full.usage.input_tokens
     assert final.usage.output_tokens == full.usage.output_tokens
     counted = ant.messages.count_tokens(model="x", messages=kwargs["messages"])
-    assert counted.input_tokens == full.usage.input_tokens
+    assert counted.input_tokens == _prompt_tokens(full.usage)
 
 
 def test_anthropic_tool_round_trip(ant: anthropic.Anthropic) -> None:
@@ -145,11 +150,11 @@ def test_anthropic_tool_round_trip(ant: anthropic.Anthropic) -> None:
             {"type": "tool_result", "tool_use_id": "toolu_01", "content": "README.md",
              "is_error": False}]},
     ]
-    out = ant.messages.create(model="claude-x", max_tokens=8, temperature=0,
+    out = ant.messages.create(model="claude-x", max_tokens=8, extra_body={"temperature": 0},
                               tools=TOOLS_ANT, messages=messages)
     assert out.stop_reason in {"end_turn", "max_tokens", "tool_use"}
     counted = ant.messages.count_tokens(model="claude-x", tools=TOOLS_ANT, messages=messages)
-    assert counted.input_tokens == out.usage.input_tokens
+    assert counted.input_tokens == _prompt_tokens(out.usage)
     shorter = ant.messages.count_tokens(model="claude-x", tools=TOOLS_ANT, messages=messages[:1])
     assert shorter.input_tokens < counted.input_tokens
 

@@ -79,3 +79,13 @@ def parse():
 def run():
     """``run(text, chunks=None, **OutputParser kwargs)`` → raw events of one chunking."""
     return run_chunks
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer_pieces():
+    """``pieces(text)`` → the text split the way the engine streams it: one decoded token each."""
+    from freetoken.paths import ASSETS_DIR
+    from freetoken.tokenizer.tokenizer import Tokenizer
+
+    tokenizer = Tokenizer.from_pretrained(ASSETS_DIR / "tokenizer")
+    return lambda text: [tokenizer.decode([i]) for i in tokenizer.encode(text)]

@@ -1,4 +1,4 @@
-"""Fixtures: one shared live server on a FakeEngine, and a factory for servers with other settings."""
+"""Fixtures: a shared live server on a FakeEngine, and a factory for servers with other settings."""
 
 from __future__ import annotations
 
@@ -16,11 +16,15 @@ CAP = 64  # the shared server's max_output_tokens
 class Served:
     """A running server and its doubles."""
 
-    def __init__(self, config: ServerConfig, engine: FakeEngine | None = None, template=None) -> None:
+    def __init__(
+        self, config: ServerConfig, engine: FakeEngine | None = None, template=None
+    ) -> None:
         self.engine = engine or FakeEngine()
         self.template = template or ChatMLStandIn()
         self.config = config
-        app = create_app(self.engine, config, template=self.template, parser_factory=TagParserStandIn)
+        app = create_app(
+            self.engine, config, template=self.template, parser_factory=TagParserStandIn
+        )
         self.live = LiveServer(app)
         self.base_url = self.live.base_url
         self.http = httpx.Client(base_url=self.base_url, timeout=10)
@@ -40,7 +44,9 @@ class Served:
 
 @pytest.fixture(scope="session")
 def _shared_server():
-    served = Served(ServerConfig(served_model_name=MODEL, max_output_tokens=CAP, max_body_bytes=200_000))
+    served = Served(
+        ServerConfig(served_model_name=MODEL, max_output_tokens=CAP, max_body_bytes=200_000)
+    )
     yield served
     served.close()
 

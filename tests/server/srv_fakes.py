@@ -130,8 +130,15 @@ class FakeEngine(EngineClient):
 
         def out(text: str, toks: tuple = (), reason=None, stop=None, **kw) -> GenerationOutput:
             return GenerationOutput(
-                request.request_id, toks, text, reason, stop, prompt_tokens=len(request.prompt_ids),
-                completion_tokens=len(emitted), cached_tokens=script.cached_tokens, **kw,
+                request.request_id,
+                toks,
+                text,
+                reason,
+                stop,
+                prompt_tokens=len(request.prompt_ids),
+                completion_tokens=len(emitted),
+                cached_tokens=script.cached_tokens,
+                **kw,
             )
 
         try:
@@ -140,7 +147,7 @@ class FakeEngine(EngineClient):
             while script.endless or len(emitted) < len(ids):
                 if len(emitted) >= sp.max_tokens:
                     log.outcome = "finished"
-                    yield out(self.tokenizer.decode(emitted)[len(sent):], reason="length")
+                    yield out(self.tokenizer.decode(emitted)[len(sent) :], reason="length")
                     return
                 if script.fail_after is not None and len(emitted) >= script.fail_after:
                     log.outcome = "finished"
@@ -154,17 +161,17 @@ class FakeEngine(EngineClient):
                 if found:
                     pos, stop = min(found)
                     log.outcome = "finished"
-                    yield out(full[:pos][len(sent):], (tok,), "stop", stop)
+                    yield out(full[:pos][len(sent) :], (tok,), "stop", stop)
                     return
                 delta = ""
                 if not full.endswith("\ufffd"):
                     visible = full[: len(full) - _held_back(full, sp.stop)]
-                    delta, sent = visible[len(sent):], visible
+                    delta, sent = visible[len(sent) :], visible
                 yield out(delta, (tok,), logprobs=self._logprobs(tok, sp.logprobs))
                 if script.token_delay_s:
                     await asyncio.sleep(script.token_delay_s)
             log.outcome = "finished"
-            yield out(self.tokenizer.decode(emitted)[len(sent):], (), "stop", self.eos_id)
+            yield out(self.tokenizer.decode(emitted)[len(sent) :], (), "stop", self.eos_id)
         finally:
             if log.outcome == "running":
                 log.outcome = "closed"
@@ -184,7 +191,11 @@ class ChatMLStandIn:
 
     def render(self, messages, tools=None, add_generation_prompt=True, enable_thinking=None) -> str:
         self.calls.append(
-            {"messages": copy.deepcopy(messages), "tools": copy.deepcopy(tools), "enable_thinking": enable_thinking}
+            {
+                "messages": copy.deepcopy(messages),
+                "tools": copy.deepcopy(tools),
+                "enable_thinking": enable_thinking,
+            }
         )
         out = []
         if tools:
@@ -197,10 +208,18 @@ class ChatMLStandIn:
                 body = f"<think>\n{m['reasoning_content']}\n</think>\n\n{body}"
             for call in m.get("tool_calls", []):
                 fn = call["function"]
-                args = fn["arguments"] if isinstance(fn["arguments"], str) else json.dumps(fn["arguments"])
-                body += f'\n<tool_call>\n{{"name": "{fn["name"]}", "arguments": {args}}}\n</tool_call>'
+                args = (
+                    fn["arguments"]
+                    if isinstance(fn["arguments"], str)
+                    else json.dumps(fn["arguments"])
+                )
+                body += (
+                    f'\n<tool_call>\n{{"name": "{fn["name"]}", "arguments": {args}}}\n</tool_call>'
+                )
             if m["role"] == "tool":
-                out.append(f"<|im_start|>user\n<tool_response>\n{body}\n</tool_response><|im_end|>\n")
+                out.append(
+                    f"<|im_start|>user\n<tool_response>\n{body}\n</tool_response><|im_end|>\n"
+                )
             else:
                 out.append(f"<|im_start|>{m['role']}\n{body}<|im_end|>\n")
         if add_generation_prompt:
@@ -249,22 +268,33 @@ class TagParserStandIn:
                         self.buf = ""
                     return out
                 call = json.loads(self.buf[:end])
-                self.buf = self.buf[end + len("</tool_call>"):]
-                out.append(ToolCallEvent(self.calls, call["name"], json.dumps(call.get("arguments", {}))))
+                self.buf = self.buf[end + len("</tool_call>") :]
+                out.append(
+                    ToolCallEvent(self.calls, call["name"], json.dumps(call.get("arguments", {})))
+                )
                 self.calls += 1
                 self.mode = "text"
                 continue
-            tags = ["</think>"] if self.mode == "reasoning" else ["<think>"] + (["<tool_call>"] if self.parse_tools else [])
+            tags = (
+                ["</think>"]
+                if self.mode == "reasoning"
+                else ["<think>"] + (["<tool_call>"] if self.parse_tools else [])
+            )
             hits = [(self.buf.find(t), t) for t in tags if t in self.buf]
             if hits:
                 pos, tag = min(hits)
                 self._emit(self.buf[:pos], out)
-                self.buf = self.buf[pos + len(tag):]
+                self.buf = self.buf[pos + len(tag) :]
                 self.mode = self._NEXT[tag]
                 continue
-            keep = 0 if final else max(
-                (k for t in tags for k in range(1, len(t)) if self.buf.endswith(t[:k])), default=0
+            keep = (
+                0
+                if final
+                else max(
+                    (k for t in tags for k in range(1, len(t)) if self.buf.endswith(t[:k])),
+                    default=0,
+                )
             )
             self._emit(self.buf[: len(self.buf) - keep], out)
-            self.buf = self.buf[len(self.buf) - keep:]
+            self.buf = self.buf[len(self.buf) - keep :]
             return out

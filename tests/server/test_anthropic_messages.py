@@ -14,11 +14,19 @@ from tests.server.conftest import CAP
 BASH = {
     "name": "bash",
     "description": "Run a shell command",
-    "input_schema": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]},
+    "input_schema": {
+        "type": "object",
+        "properties": {"command": {"type": "string"}},
+        "required": ["command"],
+    },
 }
 BASH_OPENAI_FORM = {
     "type": "function",
-    "function": {"name": "bash", "description": "Run a shell command", "parameters": BASH["input_schema"]},
+    "function": {
+        "name": "bash",
+        "description": "Run a shell command",
+        "parameters": BASH["input_schema"],
+    },
 }
 TOOLU = re.compile(r"^toolu_[A-Za-z0-9]{24}$")
 USER = [{"role": "user", "content": "hi"}]
@@ -36,7 +44,9 @@ def client(srv):
 
 def test_non_streaming_shape_is_exact(srv):
     srv.engine.push("Hello world!", cached_tokens=2)
-    r = srv.http.post("/v1/messages", json={"model": "claude-x", "max_tokens": 50, "messages": USER})
+    r = srv.http.post(
+        "/v1/messages", json={"model": "claude-x", "max_tokens": 50, "messages": USER}
+    )
     assert r.status_code == 200
     body = r.json()
     assert re.match(r"^msg_[A-Za-z0-9]{24}$", body.pop("id"))
@@ -60,7 +70,11 @@ def test_non_streaming_shape_is_exact(srv):
 def test_sdk_create_and_stream(srv, client):
     srv.engine.push("Hi there, friend.")
     msg = client.messages.create(model="claude-local-alias", max_tokens=100, messages=USER)
-    assert (msg.content[0].text, msg.stop_reason, msg.model) == ("Hi there, friend.", "end_turn", "claude-local-alias")
+    assert (msg.content[0].text, msg.stop_reason, msg.model) == (
+        "Hi there, friend.",
+        "end_turn",
+        "claude-local-alias",
+    )
 
     srv.engine.push("Hi there, friend.")
     with client.messages.stream(model="m", max_tokens=100, messages=USER) as stream:
@@ -106,7 +120,13 @@ def test_tool_round_trip_with_tool_result(srv, client):
         {
             "role": "assistant",
             "content": "",
-            "tool_calls": [{"id": use.id, "type": "function", "function": {"name": "bash", "arguments": {"command": "ls"}}}],
+            "tool_calls": [
+                {
+                    "id": use.id,
+                    "type": "function",
+                    "function": {"name": "bash", "arguments": {"command": "ls"}},
+                }
+            ],
         },
         {"role": "tool", "content": "ls: permission denied", "tool_call_id": use.id},
         {"role": "user", "content": "<system-reminder>keep going</system-reminder>"},
@@ -114,7 +134,11 @@ def test_tool_round_trip_with_tool_result(srv, client):
 
 
 def test_parallel_tool_uses_streamed_through_sdk(srv, client):
-    srv.engine.push("Two calls." + tool_call_text("bash", {"command": "ls"}) + tool_call_text("bash", {"command": "pwd"}))
+    srv.engine.push(
+        "Two calls."
+        + tool_call_text("bash", {"command": "ls"})
+        + tool_call_text("bash", {"command": "pwd"})
+    )
     with client.messages.stream(model="m", max_tokens=100, messages=USER, tools=[BASH]) as stream:
         final = stream.get_final_message()
     assert [b.type for b in final.content] == ["text", "tool_use", "tool_use"]
@@ -127,7 +151,12 @@ def test_parallel_tool_uses_streamed_through_sdk(srv, client):
 @pytest.mark.parametrize("stream", [False, True])
 def test_thinking_blocks_carry_signatures(srv, client, stream):
     srv.engine.push("Plan: answer.\n</think>\n\nFour.")
-    kwargs = dict(model="m", max_tokens=100, messages=USER, thinking={"type": "enabled", "budget_tokens": 1024})
+    kwargs = dict(
+        model="m",
+        max_tokens=100,
+        messages=USER,
+        thinking={"type": "enabled", "budget_tokens": 1024},
+    )
     if stream:
         with client.messages.stream(**kwargs) as s:
             msg = s.get_final_message()
@@ -142,10 +171,20 @@ def test_thinking_blocks_carry_signatures(srv, client, stream):
 
 @pytest.mark.parametrize(
     ("thinking", "expected"),
-    [(None, False), ({"type": "disabled"}, False), ({"type": "adaptive"}, True), ({"type": "enabled", "budget_tokens": 10}, True)],
+    [
+        (None, False),
+        ({"type": "disabled"}, False),
+        ({"type": "adaptive"}, True),
+        ({"type": "enabled", "budget_tokens": 10}, True),
+    ],
 )
 def test_enable_thinking_decision(srv, thinking, expected):
-    body = {"model": "m", "max_tokens": 10, "messages": USER, **({"thinking": thinking} if thinking else {})}
+    body = {
+        "model": "m",
+        "max_tokens": 10,
+        "messages": USER,
+        **({"thinking": thinking} if thinking else {}),
+    }
     assert srv.http.post("/v1/messages", json=body).status_code == 200
     assert srv.template.calls[-1]["enable_thinking"] is expected
 
@@ -153,7 +192,11 @@ def test_enable_thinking_decision(srv, thinking, expected):
 def test_stop_sequence_and_max_tokens(srv, client):
     srv.engine.push("alpha beta END gamma")
     msg = client.messages.create(model="m", max_tokens=100, messages=USER, stop_sequences=["END"])
-    assert (msg.content[0].text, msg.stop_reason, msg.stop_sequence) == ("alpha beta ", "stop_sequence", "END")
+    assert (msg.content[0].text, msg.stop_reason, msg.stop_sequence) == (
+        "alpha beta ",
+        "stop_sequence",
+        "END",
+    )
 
     srv.engine.push("alpha beta END gamma")
     msg = client.messages.create(model="m", max_tokens=2, messages=USER)
@@ -167,18 +210,31 @@ def test_stop_sequence_and_max_tokens(srv, client):
 
 def test_claude_code_shaped_request(srv):
     """System blocks (billing header dropped), a system turn inside messages, consecutive user
-    turns, thinking history, redacted thinking and unknown fields — accepted and rendered in place."""
+    turns, thinking history, redacted thinking and unknown fields: accepted, rendered in place."""
     body = {
         "model": "qwen-local",
         "max_tokens": 32000,
         "stream": False,
         "system": [
-            {"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.197.123; cc_entrypoint=cli;"},
-            {"type": "text", "text": "You are Claude Code.", "cache_control": {"type": "ephemeral"}},
+            {
+                "type": "text",
+                "text": "x-anthropic-billing-header: cc_version=2.1.197.123; cc_entrypoint=cli;",
+            },
+            {
+                "type": "text",
+                "text": "You are Claude Code.",
+                "cache_control": {"type": "ephemeral"},
+            },
             {"type": "text", "text": "Be concise."},
         ],
         "messages": [
-            {"role": "user", "content": [{"type": "text", "text": "<system-reminder>ctx</system-reminder>"}, {"type": "text", "text": "fix the bug"}]},
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "<system-reminder>ctx</system-reminder>"},
+                    {"type": "text", "text": "fix the bug"},
+                ],
+            },
             {"role": "system", "content": "Agent types: Explore."},
             {"role": "user", "content": "please"},
             {
@@ -187,18 +243,38 @@ def test_claude_code_shaped_request(srv):
                     {"type": "thinking", "thinking": "look at main.py", "signature": "abc"},
                     {"type": "redacted_thinking", "data": "opaque"},
                     {"type": "text", "text": "Reading it."},
-                    {"type": "tool_use", "id": "toolu_1", "name": "Read", "input": {"path": "main.py"}},
+                    {
+                        "type": "tool_use",
+                        "id": "toolu_1",
+                        "name": "Read",
+                        "input": {"path": "main.py"},
+                    },
                 ],
             },
-            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "print(1)"}]},
+            {
+                "role": "user",
+                "content": [
+                    {"type": "tool_result", "tool_use_id": "toolu_1", "content": "print(1)"}
+                ],
+            },
         ],
-        "tools": [{"name": "Read", "input_schema": {"type": "object"}, "cache_control": {"type": "ephemeral"}}],
+        "tools": [
+            {
+                "name": "Read",
+                "input_schema": {"type": "object"},
+                "cache_control": {"type": "ephemeral"},
+            }
+        ],
         "metadata": {"user_id": '{"device_id":"d"}'},
         "thinking": {"type": "adaptive"},
         "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
         "output_config": {"effort": "high"},
     }
-    r = srv.http.post("/v1/messages?beta=true", json=body, headers={"anthropic-beta": "claude-code-20250219", "anthropic-version": "2023-06-01"})
+    r = srv.http.post(
+        "/v1/messages?beta=true",
+        json=body,
+        headers={"anthropic-beta": "claude-code-20250219", "anthropic-version": "2023-06-01"},
+    )
     assert r.status_code == 200, r.text
     assert srv.template.calls[-1]["messages"] == [
         {"role": "system", "content": "You are Claude Code.\nBe concise."},
@@ -209,19 +285,29 @@ def test_claude_code_shaped_request(srv):
             "role": "assistant",
             "content": "Reading it.",
             "reasoning_content": "look at main.py",
-            "tool_calls": [{"id": "toolu_1", "type": "function", "function": {"name": "Read", "arguments": {"path": "main.py"}}}],
+            "tool_calls": [
+                {
+                    "id": "toolu_1",
+                    "type": "function",
+                    "function": {"name": "Read", "arguments": {"path": "main.py"}},
+                }
+            ],
         },
         {"role": "tool", "content": "print(1)", "tool_call_id": "toolu_1"},
     ]
     assert srv.engine.last.request.sampling.max_tokens == CAP
 
 
-@pytest.mark.parametrize("path", ["/v1/messages/count_tokens", "/v1/messages/count_tokens?beta=true"])
+@pytest.mark.parametrize(
+    "path", ["/v1/messages/count_tokens", "/v1/messages/count_tokens?beta=true"]
+)
 def test_count_tokens(srv, path):
     body = {"model": "m", "system": "sys", "messages": USER, "tools": [BASH]}
     r = srv.http.post(path, json=body)
     prompt = srv.template.render(
-        [{"role": "system", "content": "sys"}, {"role": "user", "content": "hi"}], tools=[BASH_OPENAI_FORM], enable_thinking=False
+        [{"role": "system", "content": "sys"}, {"role": "user", "content": "hi"}],
+        tools=[BASH_OPENAI_FORM],
+        enable_thinking=False,
     )
     assert r.status_code == 200
     assert r.json() == {"input_tokens": len(srv.engine.tokenizer.encode(prompt))}

@@ -9,7 +9,10 @@ import re
 
 from tests.server.srv_live import json_events, sse_events
 
-BASH = {"name": "bash", "input_schema": {"type": "object", "properties": {"command": {"type": "string"}}}}
+BASH = {
+    "name": "bash",
+    "input_schema": {"type": "object", "properties": {"command": {"type": "string"}}},
+}
 
 
 def tool_call_text(name: str, args: dict) -> str:
@@ -17,7 +20,9 @@ def tool_call_text(name: str, args: dict) -> str:
 
 
 def stream_events(served, body: dict, path: str = "/v1/messages") -> list[tuple[str, dict]]:
-    with served.http.stream("POST", path, json={"model": "m", "max_tokens": 200, "stream": True, **body}) as r:
+    with served.http.stream(
+        "POST", path, json={"model": "m", "max_tokens": 200, "stream": True, **body}
+    ) as r:
         assert r.status_code == 200
         assert r.headers["content-type"].startswith("text/event-stream")
         events = json_events(r.iter_lines())
@@ -27,10 +32,16 @@ def stream_events(served, body: dict, path: str = "/v1/messages") -> list[tuple[
 
 
 def test_thinking_text_tool_use_event_order(srv):
-    srv.engine.push("I should list.\n</think>\n\nListing." + tool_call_text("bash", {"command": "ls"}))
+    srv.engine.push(
+        "I should list.\n</think>\n\nListing." + tool_call_text("bash", {"command": "ls"})
+    )
     events = stream_events(
         srv,
-        {"messages": [{"role": "user", "content": "go"}], "tools": [BASH], "thinking": {"type": "enabled", "budget_tokens": 100}},
+        {
+            "messages": [{"role": "user", "content": "go"}],
+            "tools": [BASH],
+            "thinking": {"type": "enabled", "budget_tokens": 100},
+        },
         "/v1/messages?beta=true",
     )
     names = [n for n, _ in events]
@@ -53,10 +64,16 @@ def test_thinking_text_tool_use_event_order(srv):
         assert all(n == "content_block_delta" for n, _ in mine[1:-1])
         first = body.index(mine[0])
         assert body[first : first + len(mine)] == mine
-    deltas = {i: [d["delta"] for n, d in body if n == "content_block_delta" and d["index"] == i] for i in range(3)}
+    deltas = {
+        i: [d["delta"] for n, d in body if n == "content_block_delta" and d["index"] == i]
+        for i in range(3)
+    }
     assert "".join(d["thinking"] for d in deltas[0][:-1]) == "I should list.\n"
     assert 1 <= len(deltas[0]) - 1 <= n_think
-    assert deltas[0][-1] == {"type": "signature_delta", "signature": hashlib.sha256(b"I should list.\n").hexdigest()}
+    assert deltas[0][-1] == {
+        "type": "signature_delta",
+        "signature": hashlib.sha256(b"I should list.\n").hexdigest(),
+    }
     assert "".join(d["text"] for d in deltas[1]) == "\n\nListing."
     assert deltas[2] == [{"type": "input_json_delta", "partial_json": '{"command": "ls"}'}]
 
@@ -78,7 +95,13 @@ def test_no_blank_text_block_before_tool_use(srv):
     srv.engine.push("\n\n" + tool_call_text("bash", {"command": "ls"}) + "\n")
     events = stream_events(srv, {"messages": [{"role": "user", "content": "go"}], "tools": [BASH]})
     assert [n for n, _ in events] == [
-        "message_start", "ping", "content_block_start", "content_block_delta", "content_block_stop", "message_delta", "message_stop",
+        "message_start",
+        "ping",
+        "content_block_start",
+        "content_block_delta",
+        "content_block_stop",
+        "message_delta",
+        "message_stop",
     ]
     assert events[2][1]["content_block"]["type"] == "tool_use"
     assert events[2][1]["index"] == 0
@@ -86,7 +109,9 @@ def test_no_blank_text_block_before_tool_use(srv):
 
 def test_stop_sequence_in_message_delta(srv):
     srv.engine.push("abc STOP def")
-    events = stream_events(srv, {"messages": [{"role": "user", "content": "go"}], "stop_sequences": ["STOP"]})
+    events = stream_events(
+        srv, {"messages": [{"role": "user", "content": "go"}], "stop_sequences": ["STOP"]}
+    )
     text = "".join(d["delta"]["text"] for n, d in events if n == "content_block_delta")
     assert text == "abc "
     assert events[-2][1]["delta"] == {"stop_reason": "stop_sequence", "stop_sequence": "STOP"}
@@ -96,7 +121,14 @@ def test_pings_while_waiting_for_the_engine(make_server):
     served = make_server(ping_interval_s=0.2)
     served.engine.push("late", start_delay_s=1.0)
     with served.http.stream(
-        "POST", "/v1/messages", json={"model": "m", "max_tokens": 5, "stream": True, "messages": [{"role": "user", "content": "x"}]}
+        "POST",
+        "/v1/messages",
+        json={
+            "model": "m",
+            "max_tokens": 5,
+            "stream": True,
+            "messages": [{"role": "user", "content": "x"}],
+        },
     ) as r:
         events = sse_events(r.iter_lines())
     names = [n for n, _ in events]
@@ -119,13 +151,27 @@ def test_openai_stream_keepalive_is_a_comment(make_server):
 def test_engine_failure_mid_stream_is_an_error_event(srv):
     srv.engine.push("one two three four five", fail_after=3)
     events = stream_events(srv, {"messages": [{"role": "user", "content": "go"}]})
-    assert events[-1] == ("error", {"type": "error", "error": {"type": "api_error", "message": "fake engine failure"}})
+    assert events[-1] == (
+        "error",
+        {"type": "error", "error": {"type": "api_error", "message": "fake engine failure"}},
+    )
     assert "message_stop" not in [n for n, _ in events]
     srv.assert_healthy()
 
     srv.engine.push("one two three four five", fail_after=3)
-    with srv.http.stream("POST", "/v1/chat/completions", json={"messages": [{"role": "user", "content": "go"}], "stream": True}) as r:
+    with srv.http.stream(
+        "POST",
+        "/v1/chat/completions",
+        json={"messages": [{"role": "user", "content": "go"}], "stream": True},
+    ) as r:
         chat = [d for _, d in json_events(r.iter_lines())]
-    assert chat[-1] == {"error": {"message": "fake engine failure", "type": "server_error", "param": None, "code": None}}
+    assert chat[-1] == {
+        "error": {
+            "message": "fake engine failure",
+            "type": "server_error",
+            "param": None,
+            "code": None,
+        }
+    }
     assert "[DONE]" not in chat
     srv.assert_healthy()

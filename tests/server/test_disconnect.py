@@ -38,7 +38,10 @@ def test_stream_disconnect_aborts_generation(served, path, body):
 
 @pytest.mark.parametrize(
     ("path", "body"),
-    [("/v1/chat/completions", {"messages": USER}), ("/v1/messages", {"messages": USER, "max_tokens": 100_000})],
+    [
+        ("/v1/chat/completions", {"messages": USER}),
+        ("/v1/messages", {"messages": USER, "max_tokens": 100_000}),
+    ],
     ids=["openai", "anthropic"],
 )
 def test_non_streaming_disconnect_aborts_generation(served, path, body):

@@ -21,12 +21,21 @@ def test_text_prompt(srv, client):
     srv.engine.push(TEXT)
     resp = client.completions.create(model="whatever", prompt="# add two numbers\n", max_tokens=4)
     ids = srv.engine.tokenizer.encode(TEXT)
-    assert srv.engine.last.request.prompt_ids == tuple(srv.engine.tokenizer.encode("# add two numbers\n"))
-    assert resp.object == "text_completion" and resp.id.startswith("cmpl-") and resp.model == "whatever"
+    assert srv.engine.last.request.prompt_ids == tuple(
+        srv.engine.tokenizer.encode("# add two numbers\n")
+    )
+    assert (
+        resp.object == "text_completion"
+        and resp.id.startswith("cmpl-")
+        and resp.model == "whatever"
+    )
     assert resp.choices[0].text == srv.engine.tokenizer.decode(ids[:4])
     assert resp.choices[0].finish_reason == "length"
     assert resp.choices[0].logprobs is None
-    assert (resp.usage.prompt_tokens, resp.usage.completion_tokens) == (len(srv.engine.last.request.prompt_ids), 4)
+    assert (resp.usage.prompt_tokens, resp.usage.completion_tokens) == (
+        len(srv.engine.last.request.prompt_ids),
+        4,
+    )
 
 
 def test_token_id_prompt_runs_to_eos(srv, client):
@@ -54,12 +63,19 @@ def test_logprobs(srv, client):
 
 def test_stream_with_usage(srv):
     srv.engine.push("abc def", cached_tokens=1)
-    body = {"prompt": "x", "stream": True, "stream_options": {"include_usage": True}, "stop": " def"}
+    body = {
+        "prompt": "x",
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "stop": " def",
+    }
     with srv.http.stream("POST", "/v1/completions", json=body) as r:
         events = [d for _, d in json_events(r.iter_lines())]
     assert events[-1] == "[DONE]"
     usage = events[-2]
-    assert usage["choices"] == [] and usage["usage"]["prompt_tokens_details"] == {"cached_tokens": 1}
+    assert usage["choices"] == [] and usage["usage"]["prompt_tokens_details"] == {
+        "cached_tokens": 1
+    }
     chunks = events[:-2]
     assert "".join(c["choices"][0]["text"] for c in chunks) == "abc"
     assert [c["choices"][0]["finish_reason"] for c in chunks][-1] == "stop"
