@@ -52,10 +52,10 @@ class AttnContext:
         cos, sin = rotary.get(start, length, dtype)
         mask = None
         if start > 0 and length > 1:
-            total = start + length
-            allowed = torch.ones(length, total, dtype=torch.bool, device=cos.device).tril(start)
-            mask = torch.zeros(length, total, dtype=dtype, device=cos.device)
-            mask.masked_fill_(~allowed, float("-inf"))
+            # all cached positions are visible; only the chunk's own block is causal
+            mask = torch.zeros(length, start + length, dtype=dtype, device=cos.device)
+            future = torch.ones(length, length, dtype=torch.bool, device=cos.device).triu(1)
+            mask[:, start:].masked_fill_(future, float("-inf"))
         return cls(start, length, cos, sin, mask, start == 0 and length > 1)
 
 

@@ -28,10 +28,13 @@ from freetoken.ops.gated_delta_rule import chunk_gated_delta_rule, recurrent_gat
 L2_EPS = 1e-6
 
 
-def l2_normalize(x: torch.Tensor) -> torch.Tensor:
-    """``x * rsqrt(sum(x^2) + 1e-6)`` over the last dim in fp32 (fla / HF ``l2norm``)."""
-    x = x.float()
-    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + L2_EPS)
+def l2_normalize(x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+    """``scale * x * rsqrt(sum(x^2) + 1e-6)`` over the last dim in fp32 (fla / HF ``l2norm``).
+
+    Computed as ``rms_norm(x, eps=1e-6/d) * d**-0.5`` (the same quantity, one fused kernel).
+    """
+    d = x.shape[-1]
+    return F.rms_norm(x.float(), (d,), None, L2_EPS / d) * (scale * d**-0.5)
 
 
 class GatedDeltaNet(nn.Module):
@@ -119,7 +122,7 @@ class GatedDeltaNet(nn.Module):
         z = proj[:, c : c + vd].reshape(t, self.hv, self.dv)
         b = proj[:, c + vd : c + vd + self.hv]
         a = proj[:, c + vd + self.hv :]
-        q = l2_normalize(mixed[:, : self.key_dim].reshape(t, self.hk, self.dk)) * self.dk**-0.5
+        q = l2_normalize(mixed[:, : self.key_dim].reshape(t, self.hk, self.dk), self.dk**-0.5)
         k = l2_normalize(mixed[:, self.key_dim : 2 * self.key_dim].reshape(t, self.hk, self.dk))
         v = mixed[:, 2 * self.key_dim :].reshape(t, self.hv, self.dv).float()
         beta = torch.sigmoid(b).float()

@@ -7,10 +7,12 @@ A generated directory holds ``config.json`` (every key of the real config, see
 template of ``templates/<arch>.jinja``.
 
 End of turn: with random weights ``<|im_end|>`` is almost never sampled, so agent clients would
-always run to the token cap. The lm_head row of ``<|im_end|>`` is therefore multiplied by
-:data:`IM_END_ROW_SCALE`; at temperature 1 a turn then ends after about
-:data:`MEASURED_MEAN_TURN_TOKENS` tokens on typical chat prompts (measured, see the tests).
-Nothing else departs from the seeded random init.
+always run to the token cap. After writing the weights, the lm_head row of ``<|im_end|>`` is
+multiplied by a factor calibrated on the model's own states (``tiny_calibrate``: mean
+end-of-turn probability 1/16 per step at temperature 1, so a turn ends after roughly 5-30
+tokens; tests/models/test_end_of_turn.py measures it). The factor is recorded in
+``freetoken_tiny.json`` next to the weights (``config.json`` keeps only real keys). Nothing else
+departs from the seeded random init.
 """
 
 from __future__ import annotations
@@ -26,14 +28,14 @@ from pathlib import Path
 import torch
 
 from freetoken.models.config import ModelConfig
+from freetoken.models.tiny_calibrate import TARGET_END_PROB, calibrate_im_end
 from freetoken.models.tiny_presets import preset_config
 from freetoken.models.tiny_weights import write_safetensors
 from freetoken.paths import ASSETS_DIR, TEMPLATES_DIR, cache_dir
 
-IM_END_ROW_SCALE = 40.0
-MEASURED_MEAN_TURN_TOKENS = 0.0
 GENERATOR_VERSION = 1
 STAMP_FILE = "freetoken_tiny.json"
+_STAMP_KEYS = ("version", "arch", "preset", "seed", "config_overrides", "inputs_sha256")
 TOKENIZER_FILE = ASSETS_DIR / "tokenizer" / "tokenizer.json"
 _ADDED_TOKEN_FLAGS = ("content", "lstrip", "normalized", "rstrip", "single_word", "special")
 
@@ -116,13 +118,7 @@ def make_tiny(arch: str, preset: str, out_dir: str | Path, seed: int = 0,
     config = ModelConfig.from_hf(raw)
     template = _template(arch)
     out.mkdir(parents=True, exist_ok=True)
-
-    def scale_im_end(name: str, value: torch.Tensor) -> torch.Tensor:
-        if name == "lm_head.weight":
-            value[eos] *= IM_END_ROW_SCALE
-        return value
-
-    write_safetensors(config, seed, out, adjust=scale_im_end)
+    write_safetensors(config, seed, out)
     _write_json(out / "config.json", raw)
     _write_json(out / "generation_config.json", {
         "bos_token_id": bos,
@@ -133,14 +129,27 @@ def make_tiny(arch: str, preset: str, out_dir: str | Path, seed: int = 0,
     shutil.copyfile(TOKENIZER_FILE, out / "tokenizer.json")
     _write_json(out / "tokenizer_config.json",
                 _tokenizer_config(tokenizer, template, config.max_position_embeddings))
+    dtype = torch.bfloat16 if preset == "small" else torch.float32
+    scale = calibrate_im_end(out, eos, dtype, seed)
+    stamp = _stamp(arch, preset, seed, config_overrides)
+    stamp.update(im_end_row_scale=scale, im_end_target_prob=TARGET_END_PROB)
+    _write_json(out / STAMP_FILE, stamp)
     return out
 
 
-def _stamp(arch: str, preset: str, seed: int) -> dict:
-    """What a cached checkpoint must have been generated from to be reused."""
+def _stamp(arch: str, preset: str, seed: int, overrides: dict | None = None) -> dict:
+    """What a generated checkpoint was made from (a cached one is reused only if it matches)."""
     digest = hashlib.sha256(TOKENIZER_FILE.read_bytes() + _template(arch).encode()).hexdigest()
-    return {"arch": arch, "preset": preset, "seed": seed, "version": GENERATOR_VERSION,
-            "im_end_row_scale": IM_END_ROW_SCALE, "inputs_sha256": digest}
+    return {"version": GENERATOR_VERSION, "arch": arch, "preset": preset, "seed": seed,
+            "config_overrides": overrides or {}, "inputs_sha256": digest}
+
+
+def _matches(path: Path, stamp: dict) -> bool:
+    try:
+        found = json.loads((path / STAMP_FILE).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return False
+    return all(found.get(k) == stamp[k] for k in _STAMP_KEYS)
 
 
 def cached_tiny(arch: str, preset: str = "tiny", seed: int = 0,
@@ -157,8 +166,7 @@ def cached_tiny(arch: str, preset: str = "tiny", seed: int = 0,
     root = cache_dir() / "models"
     final = root / f"{preset}-{arch}"
     stamp = _stamp(arch, preset, seed)
-    stamp_file = final / STAMP_FILE
-    if stamp_file.is_file() and json.loads(stamp_file.read_text(encoding="utf-8")) == stamp:
+    if _matches(final, stamp):
         return final
     if progress:
         progress(f"generating {preset} {arch} checkpoint in {final}")
@@ -166,7 +174,6 @@ def cached_tiny(arch: str, preset: str = "tiny", seed: int = 0,
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=root))
     try:
         make_tiny(arch, preset, tmp, seed=seed)
-        _write_json(tmp / STAMP_FILE, stamp)
         if final.exists():
             stale = root / f".stale-{final.name}-{os.getpid()}"
             os.rename(final, stale)
@@ -174,7 +181,7 @@ def cached_tiny(arch: str, preset: str = "tiny", seed: int = 0,
         os.rename(tmp, final)
     except OSError:
         shutil.rmtree(tmp, ignore_errors=True)
-        if stamp_file.is_file() and json.loads(stamp_file.read_text(encoding="utf-8")) == stamp:
+        if _matches(final, stamp):
             return final  # another process finished first
         raise
     finally:

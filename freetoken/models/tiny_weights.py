@@ -3,7 +3,10 @@
 Tensor names and shapes come from the FreeToken model built on the ``meta`` device (its
 ``weight_targets``: the real HF names, per-expert ``mlp.experts.E.{gate,up,down}_proj.weight``),
 and transformers loads the result independently in the parity tests. Initialisation follows
-model-architectures.md §9: linear/embedding/router weights N(0, 0.02); zero-centred norms
+model-architectures.md §9: linear and router weights N(0, 0.02); token embeddings N(0, 1) (with
+0.02 the residual stream of a random Qwen3-MoE is dominated by context-averaged attention output,
+so its logits barely depend on the current token and end-of-turn calibration becomes
+prompt-dependent; with N(0, 1) both families behave alike); zero-centred norms
 (Qwen3-Next) N(0, 0.02) around 0, plain norms (Qwen3-MoE, the GDN gated norm) 1 + N(0, 0.02);
 ``A_log = log(U(1, 16))``; ``dt_bias = 1``; conv taps U(-1/sqrt(K), 1/sqrt(K)) (torch's Conv1d
 default). Everything is stored bfloat16 except ``A_log`` (float32).
@@ -12,7 +15,7 @@ default). Everything is stored bfloat16 except ``A_log`` (float32).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +26,7 @@ from freetoken.models.config import ModelConfig
 from freetoken.models.loader import INDEX_FILE, SINGLE_FILE
 
 INIT_STD = 0.02
+EMBED_STD = 1.0
 STORED_DTYPE = torch.bfloat16
 MAX_SHARD_BYTES = 256 * 2**20
 
@@ -65,34 +69,27 @@ def _init(spec: TensorSpec, config: ModelConfig, gen: torch.Generator) -> torch.
     if name.endswith("conv1d.weight"):
         bound = shape[-1] ** -0.5
         return torch.empty(shape).uniform_(-bound, bound, generator=gen)
-    noise = torch.randn(shape, generator=gen) * INIT_STD
+    std = EMBED_STD if name == "model.embed_tokens.weight" else INIT_STD
+    noise = torch.randn(shape, generator=gen) * std
     if name.endswith("norm.weight"):
         zero_centered = config.zero_centered_norms and not name.endswith("linear_attn.norm.weight")
         return noise if zero_centered else noise + 1.0
     return noise
 
 
-def generate(config: ModelConfig, seed: int,
-             adjust: Callable[[str, torch.Tensor], torch.Tensor] | None = None,
-             ) -> Iterator[tuple[TensorSpec, torch.Tensor]]:
+def generate(config: ModelConfig, seed: int) -> Iterator[tuple[TensorSpec, torch.Tensor]]:
     """Yield ``(spec, tensor)`` one at a time, deterministically for ``seed``.
 
     Args:
         config: the checkpoint's config.
         seed: seeds one ``torch.Generator`` consumed in tensor order.
-        adjust: optional hook ``(name, fp32 tensor) -> tensor`` applied before the cast to the
-            stored dtype (used to scale the ``<|im_end|>`` row of lm_head).
     """
     gen = torch.Generator().manual_seed(seed)
     for spec in tensor_specs(config):
-        value = _init(spec, config, gen)
-        if adjust is not None:
-            value = adjust(spec.name, value)
-        yield spec, value.to(spec.dtype)
+        yield spec, _init(spec, config, gen).to(spec.dtype)
 
 
 def write_safetensors(config: ModelConfig, seed: int, out_dir: Path,
-                      adjust: Callable[[str, torch.Tensor], torch.Tensor] | None = None,
                       max_shard_bytes: int = MAX_SHARD_BYTES) -> list[Path]:
     """Write the weights as ``model.safetensors`` or, above ``max_shard_bytes``, as shards
     ``model-0000i-of-0000n.safetensors`` plus ``model.safetensors.index.json``.
@@ -116,7 +113,7 @@ def write_safetensors(config: ModelConfig, seed: int, out_dir: Path,
     buffer: dict[str, torch.Tensor] = {}
     weight_map: dict[str, str] = {}
     written = []
-    for i, (spec, tensor) in enumerate(generate(config, seed, adjust)):
+    for i, (spec, tensor) in enumerate(generate(config, seed)):
         buffer[spec.name] = tensor.contiguous()
         weight_map[spec.name] = names[shard_of[i]]
         if i + 1 == len(specs) or shard_of[i + 1] != shard_of[i]:

@@ -62,12 +62,12 @@ def problems(ex: Exchange) -> list[str]:
         return [f"response incomplete (status {ex.status})"]
     if ex.method in ("HEAD", "GET"):
         return [] if ex.status is not None and ex.status < 500 else [f"status {ex.status}"]
-    if ex.status != 200:
-        return [f"status {ex.status}: {ex.response_text()[:300]}"]
     body = ex.request_json()
-    if not isinstance(body, dict):
-        return ["request body is not a JSON object"]
     try:
+        if ex.status != 200:
+            return [f"status {ex.status}: {ex.response_text()[:300]}"]
+        if not isinstance(body, dict):
+            return ["request body is not a JSON object"]
         if ex.path.endswith("/chat/completions"):
             return _openai_stream(ex, body) if body.get("stream") else _openai_object(ex)
         if ex.path.endswith("/messages/count_tokens"):
@@ -75,7 +75,7 @@ def problems(ex: Exchange) -> list[str]:
             return [] if isinstance(count, int) and count > 0 else [f"input_tokens {count!r}"]
         if ex.path.endswith("/messages"):
             return _anthropic_stream(ex) if body.get("stream") else _anthropic_object(ex)
-    except (ValueError, KeyError, TypeError, IndexError) as exc:
+    except (ValueError, KeyError, TypeError, IndexError, OSError, EOFError) as exc:
         return [f"malformed response: {type(exc).__name__}: {exc}"]
     return []
 

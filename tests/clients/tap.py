@@ -19,6 +19,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from .framing import HttpFramer
+
 MAX_BODY = 8 << 20  # bytes kept per message; the rest is counted, not stored
 
 
@@ -75,134 +77,25 @@ class Exchange:
         return body.get("stream") if isinstance(body, dict) else None
 
     def response_text(self) -> str:
-        """The response body with any gzip/deflate Content-Encoding undone, as UTF-8 text."""
+        """The response body with any gzip/deflate Content-Encoding undone, as UTF-8 text.
+
+        Raises:
+            ValueError: another Content-Encoding (br, zstd) that the standard library cannot undo.
+        """
         body = self.response_body
         encoding = self.response_headers.get("content-encoding", "").lower()
         if encoding == "gzip":
             body = gzip.decompress(body)
         elif encoding == "deflate":
             body = zlib.decompress(body)
+        elif encoding not in ("", "identity"):
+            raise ValueError(f"cannot undo Content-Encoding {encoding!r}")
         return body.decode("utf-8", "replace")
 
     @property
     def seconds(self) -> float | None:
         """Wall time from the request head to the end of the response."""
         return None if self.finished is None else self.finished - self.started
-
-
-class _Framer:
-    """Incremental HTTP/1.x message parser for one direction of one connection.
-
-    ``feed`` returns a list of events: ``("head", start_line, headers)``, ``("body", bytes)`` and
-    ``("end",)``; ``bodyless`` tells it, per response, that no body follows (HEAD, 1xx, 204, 304).
-    """
-
-    def __init__(self, is_response: bool, bodyless: "deque[bool]") -> None:
-        self.is_response = is_response
-        self.bodyless = bodyless
-        self.buf = bytearray()
-        self.state = "head"
-        self.remaining = 0
-
-    def feed(self, data: bytes) -> list[tuple]:
-        self.buf += data
-        events: list[tuple] = []
-        while True:
-            step = getattr(self, f"_{self.state}")(events)
-            if not step:
-                return events
-
-    def eof(self) -> list[tuple]:
-        if self.state == "until_close":
-            self.state = "head"
-            return [("body", bytes(self.buf)), ("end",)]
-        return []
-
-    def _head(self, events: list[tuple]) -> bool:
-        cut = self.buf.find(b"\r\n\r\n")
-        if cut < 0:
-            return False
-        lines = bytes(self.buf[:cut]).decode("latin-1").split("\r\n")
-        del self.buf[: cut + 4]
-        headers: dict[str, str] = {}
-        for line in lines[1:]:
-            name, _, value = line.partition(":")
-            headers[name.strip().lower()] = value.strip()
-        events.append(("head", lines[0], headers))
-        self._pick_framing(lines[0], headers, events)
-        return True
-
-    def _pick_framing(self, start: str, headers: dict[str, str], events: list[tuple]) -> None:
-        if self.is_response:
-            status = int(start.split()[1])
-            if 100 <= status < 200:
-                self.state = "head"  # interim response: the final one follows for the same request
-                return
-            no_body = self.bodyless.popleft() if self.bodyless else False
-            if no_body or status in (204, 304):
-                events.append(("end",))
-                self.state = "head"
-                return
-        if "chunked" in headers.get("transfer-encoding", "").lower():
-            self.state = "chunk_size"
-        elif "content-length" in headers:
-            self.remaining = int(headers["content-length"])
-            self.state = "length" if self.remaining else "head"
-            if not self.remaining:
-                events.append(("end",))
-        elif self.is_response:
-            self.state = "until_close"
-        else:
-            events.append(("end",))
-            self.state = "head"
-
-    def _length(self, events: list[tuple]) -> bool:
-        if not self.buf:
-            return False
-        take = bytes(self.buf[: self.remaining])
-        del self.buf[: len(take)]
-        self.remaining -= len(take)
-        events.append(("body", take))
-        if self.remaining == 0:
-            events.append(("end",))
-            self.state = "head"
-        return True
-
-    def _chunk_size(self, events: list[tuple]) -> bool:
-        cut = self.buf.find(b"\r\n")
-        if cut < 0:
-            return False
-        size = int(bytes(self.buf[:cut]).split(b";")[0].strip(), 16)
-        del self.buf[: cut + 2]
-        if size == 0:
-            self.state = "trailers"
-        else:
-            self.remaining = size
-            self.state = "chunk_data"
-        return True
-
-    def _chunk_data(self, events: list[tuple]) -> bool:
-        if len(self.buf) < self.remaining + 2:
-            return False
-        events.append(("body", bytes(self.buf[: self.remaining])))
-        del self.buf[: self.remaining + 2]
-        self.state = "chunk_size"
-        return True
-
-    def _trailers(self, events: list[tuple]) -> bool:
-        if self.buf.startswith(b"\r\n"):
-            del self.buf[:2]
-        else:
-            cut = self.buf.find(b"\r\n\r\n")
-            if cut < 0:
-                return False
-            del self.buf[: cut + 4]
-        events.append(("end",))
-        self.state = "head"
-        return True
-
-    def _until_close(self, events: list[tuple]) -> bool:
-        return False
 
 
 class Tap:
@@ -220,6 +113,8 @@ class Tap:
         self._loop = asyncio.new_event_loop()
         self._server: asyncio.AbstractServer | None = None
         self._conns = 0
+        self._tasks: set[asyncio.Task] = set()
+        self._thread: threading.Thread | None = None
         self.port = 0
 
     def start(self) -> int:
@@ -234,19 +129,30 @@ class Tap:
             ready.set()
             self._loop.run_forever()
 
-        threading.Thread(target=run, name="clients-tap", daemon=True).start()
+        self._thread = threading.Thread(target=run, name="clients-tap", daemon=True)
+        self._thread.start()
         if not ready.wait(10):
             raise RuntimeError("the recording relay did not start within 10s")
         return self.port
 
     def stop(self) -> None:
-        """Stop listening and end the loop (open relayed connections are dropped)."""
-        def halt() -> None:
+        """Stop listening, drop the relayed connections still open, end the loop and its thread."""
+        async def halt() -> None:
             if self._server is not None:
                 self._server.close()
-            self._loop.stop()
+            for task in list(self._tasks):
+                task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
 
-        self._loop.call_soon_threadsafe(halt)
+        if self._thread is None or not self._thread.is_alive():
+            return
+        try:
+            asyncio.run_coroutine_threadsafe(halt(), self._loop).result(10)
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(10)
+            if not self._thread.is_alive():
+                self._loop.close()
 
     def mark(self) -> int:
         """An index to pass to ``since`` later."""
@@ -259,6 +165,16 @@ class Tap:
             return list(self.exchanges[mark:])
 
     async def _handle(self, c_reader: asyncio.StreamReader, c_writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        try:
+            await self._relay(c_reader, c_writer)
+        finally:
+            self._tasks.discard(task)
+            c_writer.close()
+
+    async def _relay(self, c_reader: asyncio.StreamReader, c_writer: asyncio.StreamWriter) -> None:
         self._conns += 1
         conn = self._conns
         try:
@@ -269,14 +185,15 @@ class Tap:
             return
         pending: deque[Exchange] = deque()
         bodyless: deque[bool] = deque()
-        await asyncio.gather(
-            self._pump(c_reader, u_writer, _Framer(False, bodyless), conn, pending, bodyless, False),
-            self._pump(u_reader, c_writer, _Framer(True, bodyless), conn, pending, bodyless, True),
-        )
-        for writer in (c_writer, u_writer):
-            writer.close()
+        try:
+            await asyncio.gather(
+                self._pump(c_reader, u_writer, HttpFramer(False, bodyless), conn, pending, bodyless, False),
+                self._pump(u_reader, c_writer, HttpFramer(True, bodyless), conn, pending, bodyless, True),
+            )
+        finally:
+            u_writer.close()
 
-    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, framer: _Framer,
+    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, framer: HttpFramer,
                     conn: int, pending: deque, bodyless: deque, is_response: bool) -> None:
         parsing = True
         while True:
