@@ -14,8 +14,9 @@ Other decoders (SentencePiece-style ``Metaspace``/``ByteFallback``) use
 decode a short window of recent ids and emit the new suffix once it no longer ends in U+FFFD.
 
 In both, the concatenation of all returned chunks plus :meth:`flush` equals
-``tokenizer.decode(all ids)`` (special tokens included, as the downstream parsers need
-``<think>``, ``<tool_call>`` and harmony markers).
+``tokenizer.decode(all ids, skip_special_tokens=True)``: added tokens flagged ``special``
+(``<|im_end|>``, ``<|im_start|>``, ``<|endoftext|>``) never reach the text, as in vLLM's default,
+while the non-special markers the downstream parsers need (``<think>``, ``<tool_call>``) stay.
 """
 
 from __future__ import annotations
@@ -64,13 +65,14 @@ class TokenBytes:
         self._char_to_byte = byte_level_char_to_byte()
 
     def __call__(self, token_id: int) -> bytes:
-        """Bytes of ``token_id``; empty for an id the tokenizer does not know (a padded
-        embedding row), which ``tokenizers``' ``decode`` also skips."""
+        """Bytes of ``token_id``; empty for a special token and for an id the tokenizer does
+        not know (a padded embedding row), both of which ``decode(skip_special_tokens=True)``
+        also skips."""
         cached = self._cache.get(token_id)
         if cached is not None:
             return cached
         token = self._tokenizer.id_to_token(token_id)
-        if token is None:
+        if token is None or token_id in self._tokenizer.special_ids:
             return b""
         table = self._char_to_byte
         if all(c in table for c in token):
@@ -116,7 +118,7 @@ class WindowDetokenizer:
     def add(self, token_id: int) -> str:
         """Text completed by ``token_id`` (may be empty while a character is incomplete)."""
         self._ids.append(token_id)
-        text = self._tokenizer.decode(self._ids[self._prefix_offset :])
+        text = self._tokenizer.decode(self._ids[self._prefix_offset :], skip_special_tokens=True)
         unresolved = len(self._ids) - self._read_offset
         held = text.endswith(REPLACEMENT) or len(text) <= len(self._prefix_text)
         if held and unresolved < _MAX_UNRESOLVED_TOKENS:
@@ -127,13 +129,13 @@ class WindowDetokenizer:
         """Text held back at the end of the stream."""
         if self._read_offset == len(self._ids):
             return ""
-        return self._advance(self._tokenizer.decode(self._ids[self._prefix_offset :]))
+        return self._advance(self._tokenizer.decode(self._ids[self._prefix_offset :], skip_special_tokens=True))
 
     def _advance(self, text: str) -> str:
         delta = text[len(self._prefix_text) :]
         self._prefix_offset = self._read_offset
         self._read_offset = len(self._ids)
-        self._prefix_text = self._tokenizer.decode(self._ids[self._prefix_offset :])
+        self._prefix_text = self._tokenizer.decode(self._ids[self._prefix_offset :], skip_special_tokens=True)
         return delta
 
 

@@ -40,16 +40,20 @@ def test_emoji_and_cjk_are_never_split() -> None:
     assert any(tok.decode([i]) == REPLACEMENT for i in ids)
     chunks = _stream(DetokenizerFactory(tok)(), ids)
     assert all(REPLACEMENT not in c for c in chunks)
-    assert "".join(chunks) == TEXT == tok.decode(ids)
+    assert "".join(chunks) == TEXT == tok.decode(ids, skip_special_tokens=True)
     emoji = tok.encode("😀")
     assert len(emoji) == 4  # four single-byte tokens
     assert _stream(DetokenizerFactory(tok)(), emoji) == ["", "", "", "😀", ""]
 
 
-def test_special_tokens_are_part_of_the_text() -> None:
+def test_markers_stay_and_special_tokens_are_skipped() -> None:
     tok = tokenizer()
-    ids = [8216, *tok.encode("x"), 8217, 8206, 8207, 8193]
-    assert "".join(_stream(DetokenizerFactory(tok)(), ids)) == "<think>x</think><tool_call></tool_call><|im_start|>"
+    # <think> </think> <tool_call> </tool_call> are added but not special; <|im_start|>,
+    # <|im_end|> and <|endoftext|> are special and never reach the text (vLLM's default).
+    ids = [8216, *tok.encode("x"), 8217, 8206, 8207, 8193, 8194, 8192, *tok.encode("y")]
+    for detok in (DetokenizerFactory(tok)(), WindowDetokenizer(tok)):
+        assert "".join(_stream(detok, ids)) == "<think>x</think><tool_call></tool_call>y"
+    assert tok.decode(ids, skip_special_tokens=True) == "<think>x</think><tool_call></tool_call>y"
 
 
 def test_random_id_streams_equal_decode_including_invalid_bytes() -> None:
@@ -59,7 +63,7 @@ def test_random_id_streams_equal_decode_including_invalid_bytes() -> None:
     pool = byte_tokens + list(range(tok.vocab_size))
     for _ in range(200):
         ids = [rng.choice(pool) for _ in range(rng.randint(1, 25))]
-        assert "".join(_stream(DetokenizerFactory(tok)(), ids)) == tok.decode(ids), ids
+        assert "".join(_stream(DetokenizerFactory(tok)(), ids)) == tok.decode(ids, skip_special_tokens=True), ids
 
 
 def test_incomplete_character_at_end_flushes_like_decode() -> None:
@@ -67,7 +71,7 @@ def test_incomplete_character_at_end_flushes_like_decode() -> None:
     ids = tok.encode("a😀")[:-1]  # drop the emoji's last byte
     detok = DetokenizerFactory(tok)()
     assert [detok.add(i) for i in ids] == ["a", "", "", ""]
-    assert detok.flush() == REPLACEMENT == tok.decode(ids)[1:]
+    assert detok.flush() == REPLACEMENT == tok.decode(ids, skip_special_tokens=True)[1:]
 
 
 def test_unknown_id_decodes_to_nothing_like_decode() -> None:
@@ -81,6 +85,7 @@ class _CountingTokenizer:
 
     def __init__(self, inner: Tokenizer) -> None:
         self.inner, self.hf, self.decodes = inner, inner.hf, 0
+        self.special_ids = inner.special_ids
 
     def decode(self, ids, skip_special_tokens=False):
         self.decodes += 1
@@ -120,7 +125,7 @@ def test_window_detokenizer_for_byte_fallback_decoders(tmp_path: Path) -> None:
            v["▁caf"], v["é"], v["▁"], *(v[f"<0x{b:02X}>"] for b in "世".encode())]
     chunks = _stream(detok, ids)
     assert all(REPLACEMENT not in c for c in chunks)
-    assert "".join(chunks) == tok.decode(ids) == "hello world 😀 café 世"
+    assert "".join(chunks) == tok.decode(ids, skip_special_tokens=True) == "hello world 😀 café 世"
     assert chunks[3:7] == ["", "", "", "😀"]
 
 
@@ -137,5 +142,5 @@ def test_window_detokenizer_releases_genuinely_invalid_bytes(tmp_path: Path) -> 
     v = tok.hf.get_vocab()
     ids = [v["▁hello"], *([v["<0xFF>"]] * 6), v["▁world"]]
     chunks = _stream(WindowDetokenizer(tok), ids)
-    assert "".join(chunks) == tok.decode(ids)
+    assert "".join(chunks) == tok.decode(ids, skip_special_tokens=True)
     assert chunks[-2] != ""  # " world" is not held hostage by the invalid bytes
