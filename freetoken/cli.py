@@ -7,17 +7,35 @@ import sys
 from pathlib import Path
 
 
+def _int_at_least(low: int, high: int | None = None):
+    """argparse ``type`` accepting an int in ``[low, high]`` (``high`` None: no upper bound)."""
+
+    def parse(text: str) -> int:
+        """The int in ``text``; ArgumentTypeError (a usage error, exit 2) otherwise."""
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+        if value < low or (high is not None and value > high):
+            bound = f">= {low}" if high is None else f"in [{low}, {high}]"
+            raise argparse.ArgumentTypeError(f"must be {bound}, got {value}")
+        return value
+
+    return parse
+
+
 def _add_serve(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="serve a checkpoint over the OpenAI and Anthropic APIs")
     p.add_argument("--model", type=Path, default=None,
                    help="HF checkpoint directory (default: the embedded tiny qwen3_next model)")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8000, help="TCP port (default 8000)")
+    p.add_argument("--port", type=_int_at_least(0, 65535), default=8000,
+                   help="TCP port (default 8000; 0 picks a free one)")
     p.add_argument("--served-model-name", default=None,
                    help="name listed by /v1/models (default: the checkpoint folder name)")
-    p.add_argument("--max-output-tokens", type=int, default=4096,
+    p.add_argument("--max-output-tokens", type=_int_at_least(1), default=4096,
                    help="server cap on generated tokens per request; larger requests are clamped")
-    p.add_argument("--max-model-len", type=int, default=None,
+    p.add_argument("--max-model-len", type=_int_at_least(2), default=None,
                    help="context length in tokens (default: the config's max_position_embeddings)")
     p.add_argument("--api-key", default=None, help="require this key (Bearer or x-api-key)")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",

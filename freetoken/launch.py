@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import socket
 import sys
 import time
 from pathlib import Path
@@ -38,10 +39,44 @@ def resolve_model(model: Path | None) -> Path:
     return model
 
 
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``(host, port)`` (not yet listening; uvicorn calls ``listen``).
+
+    Binding before the model loads reserves the port and turns "address already in use" into an
+    immediate, clear error instead of one printed after a long load and a false "listening" line.
+
+    Args:
+        host: bind address (IPv4, IPv6 or a resolvable name).
+        port: TCP port, 0 for any free one.
+
+    Raises:
+        OSError: the address cannot be resolved or bound (in use, not local, no permission).
+    """
+    family, kind, proto, _, address = socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
+
+
+def base_url(host: str, port: int) -> str:
+    """``http://host:port`` (IPv6 literals in brackets)."""
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
 def serve(args: argparse.Namespace) -> int:
     """Run the server until interrupted; returns the exit status.
 
-    Prints load progress, then the model, the listen address and the API endpoints.
+    Order: validate settings and bind the port (fail fast, exit status 2 with one
+    ``[freetoken] error: ...`` line), load the model while printing progress, then print the
+    model, the listen address and the API endpoints, then serve.
     """
     import torch
     import uvicorn
@@ -53,28 +88,40 @@ def serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         path = resolve_model(args.model)
-    except FileNotFoundError as exc:
+        name = args.served_model_name or path.name
+        config = ServerConfig(served_model_name=name, max_output_tokens=args.max_output_tokens,
+                              api_key=args.api_key)
+    except (FileNotFoundError, ValueError) as exc:
         _say(f"error: {exc}")
+        return 2
+    try:
+        sock = bind_socket(args.host, args.port)
+    except OSError as exc:
+        _say(f"error: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}")
         return 2
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
     started = time.perf_counter()
     _say(f"loading {path} ({args.dtype}, cpu)")
-    engine = AsyncEngine.from_pretrained(path, dtype=dtype, device="cpu",
-                                         max_model_len=args.max_model_len, progress=_say)
+    try:
+        engine = AsyncEngine.from_pretrained(path, dtype=dtype, device="cpu",
+                                             max_model_len=args.max_model_len, progress=_say)
+    except (FileNotFoundError, ValueError) as exc:
+        sock.close()
+        _say(f"error: cannot load {path}: {exc}")
+        return 2
     info = engine.info
-    name = args.served_model_name or path.name
     _say(f"loaded {info.model_type} in {time.perf_counter() - started:.1f}s: "
          f"vocab {info.vocab_size}, context {info.max_model_len} tokens")
-    config = ServerConfig(served_model_name=name, max_output_tokens=args.max_output_tokens,
-                          api_key=args.api_key)
     app = create_app(engine, config)
-    base = f"http://{args.host}:{args.port}"
+    base = base_url(args.host, sock.getsockname()[1])
     _say(f"model '{name}' listening on {base}")
     for method, route, what in ENDPOINTS:
         _say(f"  {method:4} {base}{route}  ({what})")
+    server = uvicorn.Server(uvicorn.Config(app, log_level=args.log_level))
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+        server.run(sockets=[sock])
     finally:
+        sock.close()
         close = getattr(engine, "shutdown", None)
         if close is not None:
             close()

@@ -57,7 +57,7 @@ class Engine:
         self.info = info
         self.tokenizer = tokenizer
         self.scheduler = Scheduler(SchedulerConfig(info.max_model_len, max_num_batched_tokens))
-        self.runner = ModelRunner(model, device)
+        self.runner = ModelRunner(model, device, sampleable_vocab=tokenizer.vocab_size)
         self._detokenizers = DetokenizerFactory(tokenizer)
         self._processors: dict[int, RequestOutputProcessor] = {}
 

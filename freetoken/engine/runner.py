@@ -40,11 +40,20 @@ class ModelRunner:
     Args:
         model: the causal LM (already on its device, in eval mode).
         device: where input ids and generators live (default: the model's device).
+        sampleable_vocab: number of token ids the tokenizer can decode; the model's padded
+            embedding rows beyond it (config ``vocab_size`` rounds the tokenizer size up) are
+            never sampled and never count in logprobs. None samples every logit column.
     """
 
-    def __init__(self, model: CausalLM, device: torch.device | str | None = None) -> None:
+    def __init__(
+        self,
+        model: CausalLM,
+        device: torch.device | str | None = None,
+        sampleable_vocab: int | None = None,
+    ) -> None:
         self.model = model
         self.device = torch.device(device) if device is not None else model_device(model)
+        self.sampleable_vocab = sampleable_vocab
         self._slots: dict[int, _Slot] = {}
 
     @property
@@ -87,5 +96,8 @@ class ModelRunner:
         logits = self.model(ids, slot.state)  # [1, V]
         if not batch.sample:
             return ForwardOutput(batch.request_key)
-        picked = sample(logits[-1], batch.sampling, slot.generator)
+        last = logits[-1]  # [V]
+        if self.sampleable_vocab is not None and self.sampleable_vocab < last.shape[-1]:
+            last = last[: self.sampleable_vocab]
+        picked = sample(last, batch.sampling, slot.generator)
         return ForwardOutput(batch.request_key, picked.token_id, picked.logprob, picked.top)

@@ -17,6 +17,11 @@ import torch
 
 from freetoken.core import SamplingParams
 
+GREEDY_TEMPERATURE = 1e-5
+"""Temperatures below this sample greedily (vLLM's ``_SAMPLING_EPS``): dividing logits by a
+tinier temperature can overflow float32 to ``inf`` and the softmax to NaN (a 500 for what is a
+valid request), and at such temperatures sampling is argmax except between near-tied logits."""
+
 
 @dataclass(frozen=True)
 class SampledToken:
@@ -99,9 +104,9 @@ def sample(
 ) -> SampledToken:
     """Pick the next token from one position's logits.
 
-    Greedy (argmax, lowest id on ties) when ``params.temperature == 0``; otherwise divide by
-    the temperature, apply top-k then top-p, and draw with ``torch.multinomial`` using
-    ``generator``.
+    Greedy (argmax, lowest id on ties) when ``params.temperature`` is below
+    :data:`GREEDY_TEMPERATURE` (0 included); otherwise divide by the temperature, apply top-k
+    then top-p, and draw with ``torch.multinomial`` using ``generator``.
 
     Args:
         logits: ``[V]`` or ``[1, V]`` float logits of the last position (any float dtype; the
@@ -121,7 +126,7 @@ def sample(
     if logits.dim() != 1:
         raise ValueError(f"expected [V] or [1, V] logits, got shape {tuple(logits.shape)}")
     logits = logits.float()
-    if params.temperature == 0:
+    if params.temperature < GREEDY_TEMPERATURE:
         token = int(torch.argmax(logits).item())
     else:
         if generator is None:

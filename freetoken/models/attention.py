@@ -47,7 +47,8 @@ class AttnContext:
     is_causal: bool
 
     @classmethod
-    def build(cls, start: int, length: int, rotary: RotaryTable, dtype: torch.dtype) -> "AttnContext":
+    def build(cls, start: int, length: int, rotary: RotaryTable,
+              dtype: torch.dtype) -> "AttnContext":
         """RoPE tables and the causal mask for a chunk of ``length`` tokens after ``start``."""
         cos, sin = rotary.get(start, length, dtype)
         mask = None
@@ -70,7 +71,8 @@ class Attention(nn.Module):
 
     def __init__(self, config: ModelConfig, gated: bool, dtype: torch.dtype, device=None) -> None:
         super().__init__()
-        self.nh, self.nkv, self.hd = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+        self.nh, self.nkv = config.num_attention_heads, config.num_key_value_heads
+        self.hd = config.head_dim
         self.gated = gated
         self.q_rows = self.nh * self.hd * (2 if gated else 1)
         self.kv_rows = self.nkv * self.hd

@@ -229,12 +229,15 @@ class ModelConfig:
             gdn = {k: r.int(k) for k in gdn}
             if gdn["linear_num_value_heads"] % gdn["linear_num_key_heads"]:
                 raise ValueError(
-                    "config.json: 'linear_num_value_heads' is not a multiple of 'linear_num_key_heads'"
+                    "config.json: 'linear_num_value_heads' is not a multiple of "
+                    "'linear_num_key_heads'"
                 )
         experts = r.int("num_experts", minimum=0)
         top_k = r.int("num_experts_per_tok")
         if experts and top_k > experts:
-            raise ValueError(f"config.json: 'num_experts_per_tok' {top_k} > 'num_experts' {experts}")
+            raise ValueError(
+                f"config.json: 'num_experts_per_tok' {top_k} > 'num_experts' {experts}"
+            )
         mlp_only = config.get("mlp_only_layers") or []
         if not isinstance(mlp_only, list) or any(type(i) is not int for i in mlp_only):
             raise ValueError(
@@ -262,7 +265,9 @@ class ModelConfig:
             num_experts_per_tok=top_k,
             norm_topk_prob=r.bool("norm_topk_prob"),
             moe_intermediate_size=r.int("moe_intermediate_size") if experts else 0,
-            shared_expert_intermediate_size=r.int("shared_expert_intermediate_size") if next_ else 0,
+            shared_expert_intermediate_size=(
+                r.int("shared_expert_intermediate_size") if next_ else 0
+            ),
             intermediate_size=r.int("intermediate_size") if dense else 0,
             decoder_sparse_step=sparse_step,
             mlp_only_layers=tuple(mlp_only),
@@ -277,7 +282,7 @@ class ModelConfig:
 
 
 def _rope(config: dict, r: _Reader, model_type: str) -> tuple[float, float]:
-    """(rope_theta, partial_rotary_factor) from top-level keys (v4 files) or ``rope_parameters`` (v5)."""
+    """(rope_theta, partial_rotary_factor) from top-level keys (v4) or ``rope_parameters`` (v5)."""
     params = config.get("rope_parameters")
     if params is not None and not isinstance(params, dict):
         raise ValueError(f"config.json: 'rope_parameters' must be an object, got {params!r}")
@@ -290,20 +295,21 @@ def _rope(config: dict, r: _Reader, model_type: str) -> tuple[float, float]:
     if isinstance(theta, bool) or not isinstance(theta, (int, float)) or theta <= 0:
         raise ValueError(f"config.json: missing or invalid 'rope_theta' ({theta!r})")
     default_partial = 0.25 if model_type == "qwen3_next" else 1.0
-    partial = params.get("partial_rotary_factor", config.get("partial_rotary_factor", default_partial))
+    partial = config.get("partial_rotary_factor", default_partial)
+    partial = params.get("partial_rotary_factor", partial)
     if isinstance(partial, bool) or not isinstance(partial, (int, float)) or not 0 < partial <= 1:
         raise ValueError(f"config.json: 'partial_rotary_factor' must be in (0, 1], got {partial!r}")
     return float(theta), float(partial)
 
 
 def _layer_types(config: dict, r: _Reader, layers: int) -> tuple[str, ...]:
-    """Qwen3-Next ``layer_types``: explicit list, else every ``full_attention_interval``-th layer."""
+    """Qwen3-Next ``layer_types``: the explicit list, else every ``full_attention_interval``-th
+    layer is full attention."""
     explicit = config.get("layer_types")
     if explicit is None:
         interval = r.int("full_attention_interval")
-        return tuple(
-            "full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(layers)
-        )
+        full = {i for i in range(layers) if (i + 1) % interval == 0}
+        return tuple("full_attention" if i in full else "linear_attention" for i in range(layers))
     if not isinstance(explicit, list) or len(explicit) != layers:
         raise ValueError(f"config.json: 'layer_types' must be a list of {layers} entries")
     types = tuple(_LEGACY_LAYER_TYPES.get(t, t) for t in explicit)

@@ -9,6 +9,8 @@ subclass only says which mixer / MLP each layer gets. Long inputs run in chunks 
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -24,6 +26,11 @@ from freetoken.models.rotary import RotaryTable
 from freetoken.models.state import HybridState, KVCache
 
 DEFAULT_PREFILL_CHUNK = 1024
+# On small machines a one-token step is dozens of tiny kernels; splitting each over 2 OpenMP
+# threads costs more in synchronisation than it gains, and when another process holds a core it
+# stalls every parallel region (measured on the 2-core dev machine, tiny qwen3_next: ~9 ms/token
+# on 1 thread vs 20-90 ms with 2 threads under load).
+DEFAULT_DECODE_THREADS = 1 if (os.cpu_count() or 1) <= 4 else None
 
 
 class DecoderLayer(nn.Module):
@@ -44,8 +51,8 @@ class DecoderLayer(nn.Module):
 class DecoderLM(CausalLM):
     """Embedding + decoder layers + final norm + lm_head over a :class:`HybridState`.
 
-    Subclasses implement :meth:`build_mixer` and name the HF sub-module of each mixer in
-    :meth:`mixer_prefix`.
+    Subclasses implement :meth:`build_mixer`. With ``tie_word_embeddings`` the lm_head is the
+    embedding matrix (no ``lm_head.weight`` tensor is loaded).
 
     Args:
         config: parsed config.
@@ -54,15 +61,20 @@ class DecoderLM(CausalLM):
 
     Attributes:
         prefill_chunk: tokens per internal prefill chunk (bounds attention memory).
+        decode_threads: intra-op threads used while consuming a single token (restored after);
+            None keeps torch's setting. Defaults to 1 on machines with <= 4 CPUs.
     """
 
-    def __init__(self, config: ModelConfig, dtype: torch.dtype = torch.float32, device=None) -> None:
+    def __init__(self, config: ModelConfig, dtype: torch.dtype = torch.float32,
+                 device=None) -> None:
         super().__init__()
         self.config = config
         self.dtype = dtype
         self.prefill_chunk = DEFAULT_PREFILL_CHUNK
+        self.decode_threads = DEFAULT_DECODE_THREADS
         h, v = config.hidden_size, config.vocab_size
-        self.embed = nn.Parameter(torch.empty(v, h, dtype=dtype, device=device), requires_grad=False)
+        self.embed = nn.Parameter(torch.empty(v, h, dtype=dtype, device=device),
+                                  requires_grad=False)
         self.lm_head = self.embed
         if not config.tie_word_embeddings:
             self.lm_head = nn.Parameter(torch.empty(v, h, dtype=dtype, device=device),
@@ -89,7 +101,7 @@ class DecoderLM(CausalLM):
         return "self_attn" if isinstance(self.layers[layer].mixer, Attention) else "linear_attn"
 
     def weight_targets(self) -> dict[str, WeightTarget]:
-        """Every HF tensor name this model loads -> its destination (see ``loader.WeightTarget``)."""
+        """Every HF tensor name this model loads -> its destination (``loader.WeightTarget``)."""
         targets = {"model.embed_tokens.weight": WeightTarget(self.embed)}
         if not self.config.tie_word_embeddings:
             targets["lm_head.weight"] = WeightTarget(self.lm_head)
@@ -115,7 +127,7 @@ class DecoderLM(CausalLM):
         return HybridState(caches)
 
     def _check_input(self, input_ids: torch.Tensor, state: HybridState) -> None:
-        if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 1 or input_ids.numel() == 0:
+        if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 1 or not input_ids.numel():
             raise ValueError("input_ids must be a non-empty 1-D tensor of token ids")
         if input_ids.dtype not in (torch.int64, torch.int32):
             raise ValueError(f"input_ids must be int64, got {input_ids.dtype}")
@@ -156,6 +168,17 @@ class DecoderLM(CausalLM):
                 ``num_tokens + T`` above ``max_position_embeddings`` (state left unchanged).
         """
         self._check_input(input_ids, state)
+        threads = torch.get_num_threads()
+        if input_ids.numel() == 1 and self.decode_threads and self.decode_threads != threads:
+            torch.set_num_threads(self.decode_threads)
+            try:
+                return self._forward(input_ids, state, all_logits)
+            finally:
+                torch.set_num_threads(threads)
+        return self._forward(input_ids, state, all_logits)
+
+    def _forward(self, input_ids: torch.Tensor, state: HybridState,
+                 all_logits: bool) -> torch.Tensor:
         ids = input_ids.to(device=self.embed.device, dtype=torch.int64)
         outputs = []
         with torch.inference_mode():

@@ -98,7 +98,8 @@ class GatedDeltaNet(nn.Module):
         }
 
     def new_state(self) -> GDNState:
-        """Zero conv state ``[conv_dim, K-1]`` (param dtype) and recurrent state ``[Hv, dk, dv]`` fp32."""
+        """Zero conv state ``[conv_dim, K-1]`` (param dtype), zero recurrent state ``[Hv, dk, dv]``
+        (fp32)."""
         w = self.in_weight
         conv = torch.zeros(self.conv_dim, self.kernel - 1, dtype=w.dtype, device=w.device)
         recurrent = torch.zeros(self.hv, self.dk, self.dv, dtype=torch.float32, device=w.device)

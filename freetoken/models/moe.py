@@ -1,11 +1,11 @@
 """Sparse MoE block (router + routed experts + optional shared expert) and the dense MLP.
 
 Source: transformers ``Qwen3MoeSparseMoeBlock`` / ``Qwen3NextSparseMoeBlock`` with their
-``TopKRouter`` (model-architectures.md §1.5.4, §3): router logits ``x @ gate.weight.T``, softmax in
-fp32, top-k of the probabilities, renormalised when ``norm_topk_prob``, cast to the model dtype.
-Qwen3-Next adds a shared SwiGLU expert scaled by ``sigmoid(x @ shared_expert_gate.weight.T)``.
-The router and the shared-expert gate share one fused weight ``[E (+1), H]``; the shared
-expert's gate_proj/up_proj are fused as ``[2Is, H]``.
+``TopKRouter`` (model-architectures.md §1.5.4, §3): router logits ``x @ gate.weight.T``,
+softmax in fp32, top-k of the probabilities, renormalised when ``norm_topk_prob``, cast to the
+model dtype. Qwen3-Next adds a shared SwiGLU expert scaled by
+``sigmoid(x @ shared_expert_gate.weight.T)``. The router and the shared-expert gate share one
+fused weight ``[E (+1), H]``; the shared expert's gate_proj/up_proj are fused as ``[2Is, H]``.
 """
 
 from __future__ import annotations

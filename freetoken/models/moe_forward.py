@@ -1,9 +1,10 @@
 """Routed-expert computation of a sparse MoE layer (the part an expert cache will replace).
 
-Source: transformers ``Qwen3MoeExperts.forward`` / ``Qwen3NextExperts.forward`` (model-architectures.md
-§1.5.4): each routed expert is a SwiGLU MLP ``down(silu(gate(x)) * up(x))`` and a token's output
-is ``sum_j w_j * Expert_{idx_j}(x)``. Tokens are grouped by expert (one stable sort) and only
-experts that received tokens run; a single token (decode) just loops over its top-k experts.
+Source: transformers ``Qwen3MoeExperts.forward`` / ``Qwen3NextExperts.forward``
+(model-architectures.md §1.5.4): each routed expert is a SwiGLU MLP
+``down(silu(gate(x)) * up(x))`` and a token's output is ``sum_j w_j * Expert_{idx_j}(x)``.
+Tokens are grouped by expert (one stable sort) and only experts that received tokens run; a
+single token (decode) just loops over its top-k experts.
 """
 
 from __future__ import annotations
@@ -55,7 +56,14 @@ class ExpertWeights(nn.Module):
 
 
 def swiglu(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
-    """``down(silu(gate(x)) * up(x))`` for ``x [N, H]``, ``gate_up [2I, H]``, ``down [H, I]`` -> ``[N, H]``."""
+    """SwiGLU ``down(silu(gate(x)) * up(x))``.
+
+    Args:
+        x: ``[N, H]``; gate_up: ``[2I, H]`` (gate rows first); down: ``[H, I]``.
+
+    Returns:
+        ``[N, H]`` in ``x``'s dtype.
+    """
     gate, up = F.linear(x, gate_up).chunk(2, dim=-1)
     return F.linear(F.silu(gate) * up, down)
 

@@ -56,7 +56,8 @@ class RMSNorm(nn.Module):
         return {name: WeightTarget(self.weight)}
 
 
-def gated_rms_norm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def gated_rms_norm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor,
+                   eps: float) -> torch.Tensor:
     """Gated RMSNorm of the Gated DeltaNet output (``Qwen3NextRMSNormGated``).
 
     Args:

@@ -25,7 +25,8 @@ MODEL_CLASSES: dict[str, type[DecoderLM]] = {
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16)
 
 
-def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu") -> CausalLM:
+def load_model(path: str | Path, dtype: torch.dtype = torch.float32,
+               device: str = "cpu") -> CausalLM:
     """Load an HF checkpoint directory (``config.json`` + safetensors) as a FreeToken model.
 
     Args:

@@ -33,6 +33,7 @@ from freetoken.models.tiny_presets import preset_config
 from freetoken.models.tiny_weights import write_safetensors
 from freetoken.paths import ASSETS_DIR, TEMPLATES_DIR, cache_dir
 
+# Bump whenever the generated files change for the same inputs (cached copies are then rebuilt).
 GENERATOR_VERSION = 1
 STAMP_FILE = "freetoken_tiny.json"
 _STAMP_KEYS = ("version", "arch", "preset", "seed", "config_overrides", "inputs_sha256")
@@ -98,15 +99,19 @@ def make_tiny(arch: str, preset: str, out_dir: str | Path, seed: int = 0,
         preset: ``"tiny"`` (~22 MB, for tests) or ``"small"`` (~1.3 GB, 1.21 GB of routed
             experts, for benchmarks; written in 256 MB shards so peak RAM stays low).
         out_dir: created if missing; existing files of the same names are overwritten.
-        seed: the same seed gives byte-identical weights.
+        seed: the same seed gives byte-identical files on a given machine (the ``<|im_end|>``
+            factor comes from sampling the model, on a 0.25 grid, so last-bit float differences
+            between machines almost never change it).
         config_overrides: keys replaced in ``config.json`` before the weights are derived
             from it (tests use it for variants such as dense ``mlp_only_layers``).
 
     Returns:
-        ``out_dir`` as a Path.
+        ``out_dir`` as a Path; ``freetoken_tiny.json`` there records the inputs and the chosen
+        ``im_end_row_scale``.
 
     Raises:
-        ValueError: unknown arch / preset, or overrides that make an invalid config.
+        ValueError: unknown arch / preset, or overrides that make an invalid config or tie
+            the embeddings.
         FileNotFoundError: ``templates/<arch>.jinja`` does not exist.
     """
     out = Path(out_dir)
@@ -116,6 +121,9 @@ def make_tiny(arch: str, preset: str, out_dir: str | Path, seed: int = 0,
     raw = preset_config(arch, preset, vocab, bos, eos)
     raw.update(config_overrides or {})
     config = ModelConfig.from_hf(raw)
+    if config.tie_word_embeddings:
+        raise ValueError("make_tiny: tie_word_embeddings is unsupported (the <|im_end|> row of "
+                         "lm_head is calibrated separately from the embedding)")
     template = _template(arch)
     out.mkdir(parents=True, exist_ok=True)
     write_safetensors(config, seed, out)
@@ -174,6 +182,7 @@ def cached_tiny(arch: str, preset: str = "tiny", seed: int = 0,
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=root))
     try:
         make_tiny(arch, preset, tmp, seed=seed)
+        tmp.chmod(0o755)  # mkdtemp makes it 0700
         if final.exists():
             stale = root / f".stale-{final.name}-{os.getpid()}"
             os.rename(final, stale)

@@ -9,8 +9,9 @@ factor ``s`` chosen so that, over the states of a typical turn, the mean probabi
 candidate ``s`` from one set of logits. ``s`` may be negative: in some random models the final
 hidden states share one dominant direction and the unscaled row points away from it.
 
-The states come from the model itself: a fixed ChatML prompt followed by tokens sampled at
-temperature 1 with ``<|im_end|>`` masked, seeded, so the factor is reproducible.
+The states come from the model itself: fixed ChatML prompts followed by tokens sampled at
+temperature 1 with ``<|im_end|>`` masked, seeded and on one intra-op thread, so the factor is
+reproducible.
 """
 
 from __future__ import annotations
@@ -87,6 +88,7 @@ def scale_lm_head_row(path: Path, row: int, scale: float) -> None:
     weight = tensors["lm_head.weight"]
     weight[row] = (weight[row].float() * scale).to(weight.dtype)
     save_file(tensors, str(file), metadata=metadata)
+    file.chmod(0o644)
 
 
 def calibrate_im_end(path: Path, eos: int, dtype: torch.dtype, seed: int) -> float:
@@ -95,6 +97,12 @@ def calibrate_im_end(path: Path, eos: int, dtype: torch.dtype, seed: int) -> flo
     Returns:
         the factor ``s``.
     """
-    scale = choose_scale(turn_logits(path, eos, dtype, seed), eos)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # same float results whatever the caller's setting; fast on 2 CPUs
+    try:
+        logits = turn_logits(path, eos, dtype, seed)
+    finally:
+        torch.set_num_threads(threads)
+    scale = choose_scale(logits, eos)
     scale_lm_head_row(path, eos, scale)
     return scale

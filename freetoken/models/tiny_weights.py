@@ -49,7 +49,8 @@ class TensorSpec:
 
 
 def tensor_specs(config: ModelConfig) -> list[TensorSpec]:
-    """All checkpoint tensors of ``config`` in HF order (embeddings, layers, final norm, lm_head)."""
+    """All checkpoint tensors of ``config`` in generation order (embedding, lm_head, final norm,
+    then layer by layer), as the model's ``weight_targets`` lists them."""
     from freetoken.models.registry import MODEL_CLASSES
 
     model = MODEL_CLASSES[config.arch](config, dtype=STORED_DTYPE, device="meta")
@@ -119,6 +120,7 @@ def write_safetensors(config: ModelConfig, seed: int, out_dir: Path,
         if i + 1 == len(specs) or shard_of[i + 1] != shard_of[i]:
             path = out_dir / names[shard_of[i]]
             save_file(buffer, str(path), metadata={"format": "pt"})
+            path.chmod(0o644)  # safetensors creates files 0600
             written.append(path)
             buffer = {}
     if count > 1:

@@ -67,13 +67,15 @@ def chunk_gated_delta_rule(
     state: torch.Tensor,
     chunk_size: int = 64,
 ) -> torch.Tensor:
-    """Chunked (WY / UT-transform) gated delta rule for prefill, same contract as the recurrent form.
+    """Chunked (WY / UT-transform) gated delta rule for prefill; same contract as the recurrent
+    form.
 
     Per chunk of C tokens (T zero-padded to a multiple of C; padding has g = 0, beta = 0 and
     leaves the state unchanged), with ``c = cumsum(g)`` and ``D[i, j] = exp(c_i - c_j)`` for
     ``i >= j`` (0 above the diagonal)::
 
-        A  = strictly_lower(beta_i k_i.k_j D_ij);  solve (I + A) U = beta*V,  (I + A) W = beta*K*exp(c)
+        A  = strictly_lower(beta_i k_i.k_j D_ij)
+        solve (I + A) U = beta*V  and  (I + A) W = beta*K*exp(c)
         V' = U - W S;   O = (Q exp(c)) S + lower_incl(Q K^T * D) V'
         S  = exp(c_last) S + (K exp(c_last - c))^T V'
 

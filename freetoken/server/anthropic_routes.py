@@ -1,12 +1,14 @@
 """Anthropic routes: ``POST /v1/messages`` and ``POST /v1/messages/count_tokens``.
 
 Query strings such as ``?beta=true`` (sent by the Anthropic SDKs and Claude Code) are ignored, as
-are ``anthropic-version`` / ``anthropic-beta`` headers.
+are ``anthropic-version`` / ``anthropic-beta`` headers. Rendering and tokenising run in a worker
+thread so a huge prompt never stalls the event loop.
 """
 
 from __future__ import annotations
 
 from fastapi import APIRouter
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -31,7 +33,7 @@ def anthropic_router(ctx: ServerContext) -> APIRouter:
         """Create a message (``stream: true`` → SSE events)."""
         req = await parse_body(request, MessagesRequest)
         ctx.check_healthy()
-        job = prepare_messages(ctx, req)
+        job = await run_in_threadpool(prepare_messages, ctx, req)
         if req.stream:
             return sse_response(
                 stream_message(ctx, job), ctx.config.ping_interval_s, anthropic_ping
@@ -42,7 +44,7 @@ def anthropic_router(ctx: ServerContext) -> APIRouter:
     async def count_tokens(request: Request) -> Response:
         """``{"input_tokens": N}``: tokens of the rendered prompt (nothing is generated)."""
         req = await parse_body(request, CountTokensRequest)
-        prompt, _ = render_request(ctx, req)
+        prompt, _ = await run_in_threadpool(render_request, ctx, req)
         return JSONResponse({"input_tokens": len(prompt.token_ids)})
 
     return router

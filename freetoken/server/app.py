@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import logging
-
 from fastapi import FastAPI
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
@@ -14,11 +12,9 @@ from freetoken.server.anthropic_routes import anthropic_router
 from freetoken.server.config import ServerConfig
 from freetoken.server.context import ServerContext
 from freetoken.server.errors import APIError, api_for_path, error_response
-from freetoken.server.middleware import GuardMiddleware
+from freetoken.server.middleware import ErrorNetMiddleware, GuardMiddleware
 from freetoken.server.openai_routes import openai_router
 from freetoken.server.prompt import ParserFactory, PromptTemplate
-
-log = logging.getLogger("freetoken.server")
 
 
 def default_template(engine: EngineClient) -> PromptTemplate:
@@ -47,8 +43,9 @@ def create_app(
 
     Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``,
     ``POST /v1/messages``, ``POST /v1/messages/count_tokens``, ``GET /health``, ``GET|HEAD /``.
-    Every error (including unknown routes) is answered in the shape of the API its path belongs
-    to (``/v1/messages*`` Anthropic, everything else OpenAI).
+    Every error (including unknown routes and bugs, see ``ErrorNetMiddleware``) is answered in
+    the shape of the API its path belongs to (``/v1/messages*`` Anthropic, everything else
+    OpenAI).
 
     Args:
         engine: the engine (its ``tokenizer``, ``info.max_model_len`` and ``generate`` are used).
@@ -70,6 +67,7 @@ def create_app(
     app = FastAPI(title="FreeToken", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.freetoken = ctx
     app.add_middleware(GuardMiddleware, config=config)
+    app.add_middleware(ErrorNetMiddleware)  # added last = outermost: also covers the guard
 
     @app.exception_handler(APIError)
     async def on_api_error(request: Request, exc: APIError) -> Response:
@@ -82,13 +80,6 @@ def create_app(
         where = f"{request.method} {request.url.path}"
         message = f"Invalid URL ({where})" if exc.status_code == 404 else f"{exc.detail} ({where})"
         return error_response(APIError(exc.status_code, message), api_for_path(request.url.path))
-
-    @app.exception_handler(Exception)
-    async def on_unexpected(request: Request, exc: Exception) -> Response:
-        """A bug: logged, answered 500 in the API shape."""
-        log.exception("unhandled error on %s %s", request.method, request.url.path)
-        err = APIError(500, f"internal server error: {type(exc).__name__}: {exc}")
-        return error_response(err, api_for_path(request.url.path))
 
     @app.get("/health")
     async def health() -> Response:

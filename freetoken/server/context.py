@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -97,18 +98,88 @@ def now() -> int:
 async def parse_body(request: Request, model: type[BaseModel]) -> Any:
     """Read the request body as JSON and validate it against ``model``.
 
+    Strict JSON (RFC 8259): the ``NaN`` / ``Infinity`` literals Python's parser would accept are
+    refused, and so are strings holding a lone UTF-16 surrogate escape (``"\\ud800"``), which no
+    UTF-8 tokenizer or response encoder can carry.
+
     Raises:
-        APIError: 400 for malformed JSON, a non-object body, or a schema violation (the message
-            names the first offending field).
+        APIError: 400 for malformed JSON (including nesting too deep to parse), a non-object
+            body, a lone surrogate (the message names the field), or a schema violation (the
+            message names the most specific offending field).
     """
     raw = await request.body()
-    try:
-        data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise bad_request(f"request body is not valid JSON: {exc}") from None
+    data = load_json(raw)
     if not isinstance(data, dict):
         raise bad_request("request body must be a JSON object")
+    if _SURROGATE_ESCAPE.search(raw):
+        check_unicode(data)
     try:
         return model.model_validate(data)
     except ValidationError as exc:
         raise from_validation_error(exc) from None
+
+
+# A ``\uD800``-``\uDFFF`` escape; only bodies containing one need the (slower) surrogate walk.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a valid JSON value")
+
+
+def load_json(raw: bytes) -> Any:
+    """Parse a request body as strict JSON.
+
+    Raises:
+        APIError: 400 ``request body is not valid JSON: ...`` for syntax errors, invalid UTF-8,
+            ``NaN``/``Infinity``/``-Infinity`` literals, or nesting too deep to parse.
+    """
+    try:
+        return json.loads(raw, parse_constant=_reject_constant)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise bad_request(f"request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise bad_request(
+            "request body is not valid JSON: arrays/objects are nested too deeply"
+        ) from None
+
+
+def check_unicode(data: Any) -> None:
+    """Reject the first string (value or key) of a parsed body that holds a lone surrogate.
+
+    Walks the structure iteratively (no recursion limit), in document order. A bad key is
+    named with its surrogate written as a ``\\udXXX`` escape, so the error itself can be encoded.
+
+    Raises:
+        APIError: 400 ``<field path>: string contains a lone UTF-16 surrogate (\\udXXX), which is
+            not valid Unicode`` with ``param`` set to the path.
+    """
+    stack: list[tuple[str, Any]] = [("", data)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, str):
+            bad = _lone_surrogate(value)
+            if bad is not None:
+                raise bad_request(
+                    f"{path or 'body'}: string contains a lone UTF-16 surrogate "
+                    f"(\\u{ord(bad):04x}), which is not valid Unicode",
+                    param=path or None,
+                )
+        elif isinstance(value, dict):
+            items = list(value.items())
+            for key, item in reversed(items):
+                name = key.encode("utf-8", "backslashreplace").decode("utf-8")
+                child = f"{path}.{name}" if path else name
+                stack.append((child, item))
+                stack.append((child, key))
+        elif isinstance(value, list):
+            for i in range(len(value) - 1, -1, -1):
+                stack.append((f"{path}.{i}" if path else str(i), value[i]))
+
+
+def _lone_surrogate(text: str) -> str | None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return text[exc.start]
+    return None

@@ -92,27 +92,40 @@ def error_response(err: APIError, api: Api) -> JSONResponse:
     return JSONResponse(error_body(err, api), status_code=err.status)
 
 
+def _is_branch_label(part: str | int) -> bool:
+    """True for the union-branch tags pydantic puts in error locations (``str``,
+    ``list[dict[str,any]]``, ``function-after[...]``, a model class name such as
+    ``NamedToolChoice``); request field names are snake_case, so they never match."""
+    if not isinstance(part, str):
+        return False
+    return (
+        part in _BRANCH_LABELS
+        or "[" in part
+        or part.startswith("function-")
+        or part[:1].isupper()
+    )
+
+
 def field_path(loc: tuple[str | int, ...]) -> str:
     """Dotted field path of a pydantic error location, without union-branch labels.
 
     ``("messages", 0, "content", "str")`` → ``"messages.0.content"``.
     """
-    parts = [
-        str(p)
-        for p in loc
-        if not (
-            isinstance(p, str) and (p in _BRANCH_LABELS or "[" in p or p.startswith("function-"))
-        )
-    ]
-    return ".".join(parts)
+    return ".".join(str(p) for p in loc if not _is_branch_label(p))
 
 
 def from_validation_error(exc: ValidationError, prefix: str = "") -> APIError:
-    """A 400 naming the first invalid field of ``exc`` (optionally under ``prefix``).
+    """A 400 naming the most specific invalid field of ``exc`` (optionally under ``prefix``).
+
+    When a value fails every branch of a union, pydantic reports one error per branch; the
+    error located deepest (most path parts once branch labels are dropped) is the one that says
+    what is actually wrong (``messages.0.content.0: Input should be a valid dictionary`` rather
+    than ``messages.0.content: Input should be a valid string``). Ties keep pydantic's order.
 
     Example message: ``"messages.0.role: Input should be 'system', 'user' or 'assistant'"``.
     """
-    first = exc.errors(include_url=False)[0]
+    errors = exc.errors(include_url=False)
+    first = max(errors, key=lambda e: len(field_path(tuple(e["loc"])).split(".")))
     path = field_path(tuple(first["loc"]))
     path = ".".join(p for p in (prefix, path) if p)
     message = first["msg"]

@@ -24,6 +24,8 @@ from freetoken.server.openai_protocol import ChatMessage
 # the first prompt tokens on every request and defeat prefix caching (harnesses.md §5b C1).
 BILLING_HEADER_PREFIX = "x-anthropic-billing-header:"
 _IMAGE_TYPES = frozenset({"image", "image_url", "input_image", "document", "input_audio", "file"})
+MEDIA_PLACEHOLDER = "[{kind} omitted: this model reads text only]"
+"""Text standing in for a non-text block inside a tool result (see :func:`text_of`)."""
 
 
 class _Block(BaseModel):
@@ -66,11 +68,20 @@ def _unsupported(kind: object, path: str) -> Exception:
     return bad_request(f"{path}.type: unsupported content type {kind!r}", param=f"{path}.type")
 
 
-def text_of(content: str | list[dict[str, Any]] | None, path: str) -> str:
+def text_of(
+    content: str | list[dict[str, Any]] | None, path: str, *, omit_media: bool = False
+) -> str:
     """Text of a content given as a string, a list of ``text`` parts/blocks, or None.
 
+    Args:
+        omit_media: replace image/document parts with :data:`MEDIA_PLACEHOLDER` instead of
+            rejecting them. Used for tool results: an agent's file-reading tool returns an image
+            block when the model opens a picture, and a 400 there would break every later turn
+            of the session (the block stays in the history).
+
     Raises:
-        APIError: 400 for image/document parts or any other non-text part, naming its path.
+        APIError: 400 for image/document parts (unless ``omit_media``) or any other non-text
+            part, naming its path.
     """
     if content is None:
         return ""
@@ -78,8 +89,12 @@ def text_of(content: str | list[dict[str, Any]] | None, path: str) -> str:
         return content
     texts = []
     for j, part in enumerate(content):
-        if part.get("type") != "text":
-            raise _unsupported(part.get("type"), f"{path}.{j}")
+        kind = part.get("type")
+        if omit_media and kind in _IMAGE_TYPES:
+            texts.append(MEDIA_PLACEHOLDER.format(kind=kind))
+            continue
+        if kind != "text":
+            raise _unsupported(kind, f"{path}.{j}")
         texts.append(_validate(_TextBlock, part, f"{path}.{j}").text)
     return "\n".join(texts)
 
@@ -97,14 +112,16 @@ def parse_arguments(raw: str | dict[str, Any]) -> str | dict[str, Any]:
 
 
 def from_openai(messages: list[ChatMessage]) -> list[dict]:
-    """OpenAI chat messages → template messages (``developer`` becomes ``system``).
+    """OpenAI chat messages → template messages (``developer`` becomes ``system``; an image part
+    of a ``tool`` message becomes a placeholder line, as in Anthropic tool results).
 
     Raises:
-        APIError: 400 for non-text content parts or a tool message without ``tool_call_id``.
+        APIError: 400 for non-text content parts outside tool messages, or a tool message
+            without ``tool_call_id``.
     """
     out: list[dict] = []
     for i, msg in enumerate(messages):
-        text = text_of(msg.content, f"messages.{i}.content")
+        text = text_of(msg.content, f"messages.{i}.content", omit_media=msg.role == "tool")
         if msg.role in ("system", "developer"):
             out.append({"role": "system", "content": text})
         elif msg.role == "user":
@@ -162,7 +179,7 @@ def anthropic_system(system: str | list[dict[str, Any]] | None) -> list[dict]:
 
 def _tool_result(block: dict, path: str) -> dict:
     result = _validate(_ToolResultBlock, block, path)
-    text = text_of(result.content, f"{path}.content")
+    text = text_of(result.content, f"{path}.content", omit_media=True)
     if result.is_error and not text:
         text = "Error"
     return {"role": "tool", "content": text, "tool_call_id": result.tool_use_id}
@@ -228,9 +245,10 @@ def from_anthropic(
     """Anthropic ``system`` + ``messages`` → template messages.
 
     ``tool_result`` blocks become ``tool`` messages (in block order, text blocks around them
-    become user messages); ``thinking`` becomes ``reasoning_content``; ``redacted_thinking`` is
-    dropped; ``tool_use`` becomes ``tool_calls``; a ``system`` turn inside ``messages`` stays in
-    place; consecutive user turns stay separate.
+    become user messages; an image/document inside a tool result becomes a placeholder line);
+    ``thinking`` becomes ``reasoning_content``; ``redacted_thinking`` is dropped; ``tool_use``
+    becomes ``tool_calls``; a ``system`` turn inside ``messages`` stays in place; consecutive
+    user turns stay separate.
 
     Raises:
         APIError: 400 for image/document blocks or unknown block types, naming the block path.

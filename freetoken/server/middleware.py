@@ -1,4 +1,5 @@
-"""ASGI guard in front of every route: API-key check and request-body size limit.
+"""ASGI layers in front of every route: a last-resort error net, the API-key check and the
+request-body size limit.
 
 Written as plain ASGI (not ``BaseHTTPMiddleware``) so ``receive`` keeps delivering
 ``http.disconnect`` to the routes after the body has been read; the body is buffered once and
@@ -8,6 +9,7 @@ replayed to the app.
 from __future__ import annotations
 
 import hmac
+import logging
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -15,6 +17,7 @@ from freetoken.server.config import ServerConfig
 from freetoken.server.errors import APIError, api_for_path, error_response
 
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+log = logging.getLogger("freetoken.server")
 
 
 def presented_key(headers: dict[bytes, bytes]) -> str | None:
@@ -106,3 +109,39 @@ def _replay(body: bytes, receive: Receive) -> Receive:
         return await receive()
 
     return replay
+
+
+class ErrorNetMiddleware:
+    """Answers an exception that escaped the routes (a bug) with a 500 in the path's API shape.
+
+    Starlette's own ``ServerErrorMiddleware`` sends its 500 and then re-raises, so uvicorn logs
+    the error a second time and closes the keep-alive connection; a client that pipelines its
+    next request on that connection then fails with a reset. Here the exception is logged once
+    and the connection stays usable. If the response had already started (a stream), nothing
+    well-formed can follow: the exception is logged and the response ends.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking_send(message: Message) -> None:
+            """Forward ``message``, noting when the response head went out."""
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception as exc:  # noqa: BLE001 - last resort: answer instead of dropping
+            log.exception("unhandled error on %s %s", scope.get("method"), scope["path"])
+            if started:
+                return
+            err = APIError(500, f"internal server error: {type(exc).__name__}: {exc}")
+            await error_response(err, api_for_path(scope["path"]))(scope, receive, send)

@@ -26,6 +26,7 @@ from freetoken.server.openai_chat import (
     stream_error_event,
 )
 from freetoken.server.openai_protocol import CompletionRequest
+from freetoken.server.prompt import encode_text
 from freetoken.server.sampling import build_sampling, stop_strings
 from freetoken.server.streaming import data_event
 
@@ -53,7 +54,7 @@ def prompt_ids(ctx: ServerContext, prompt: str | list) -> tuple[int, ...]:
             raise bad_request("prompt: only one prompt per request is supported", param="prompt")
         prompt = prompt[0]
     if isinstance(prompt, str):
-        ids = tuple(ctx.engine.tokenizer.encode(prompt))
+        ids = tuple(encode_text(ctx.engine.tokenizer, prompt))
     else:
         ids = tuple(prompt)
         vocab = ctx.engine.info.vocab_size

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from fastapi import APIRouter
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -38,7 +39,7 @@ def openai_router(ctx: ServerContext) -> APIRouter:
         """Create a chat completion (``stream: true`` → SSE chunks)."""
         req = await parse_body(request, ChatCompletionRequest)
         ctx.check_healthy()
-        job = prepare_chat(ctx, req)
+        job = await run_in_threadpool(prepare_chat, ctx, req)
         if req.stream:
             usage = bool(req.stream_options and req.stream_options.include_usage)
             return sse_response(
@@ -51,7 +52,7 @@ def openai_router(ctx: ServerContext) -> APIRouter:
         """Create a text completion (``stream: true`` → SSE chunks)."""
         req = await parse_body(request, CompletionRequest)
         ctx.check_healthy()
-        job = prepare_completion(ctx, req)
+        job = await run_in_threadpool(prepare_completion, ctx, req)
         if req.stream:
             usage = bool(req.stream_options and req.stream_options.include_usage)
             return sse_response(

@@ -77,20 +77,43 @@ def render_prompt(
     ``in_reasoning`` follows :func:`freetoken.parsers.prompt_opens_reasoning` (the last turn
     opened ``<think>`` and did not close it, e.g. a generation prompt ending in ``<think>\n``).
 
+    CPU-heavy for agent-sized prompts (tens of thousands of tokens): the routes call it through a
+    worker thread, and tokenisation goes through :func:`encode_text` so it does not hold the GIL.
+
     Raises:
         APIError: 400 when the template rejects the conversation (``ChatTemplate``'s
-            ``TemplateError``, jinja errors, type/key errors from a template).
+            ``TemplateError``, jinja errors, type/key errors from a template, or a structure
+            nested too deeply to render, e.g. a tool schema nested hundreds of levels).
     """
     try:
         text = template.render(
             messages, tools=tools, add_generation_prompt=True, enable_thinking=enable_thinking
         )
+    except RecursionError:
+        raise bad_request(
+            "chat template error: the conversation or tool schemas are nested too deeply",
+            param="messages",
+        ) from None
     except (TemplateError, ValueError, TypeError, KeyError, IndexError) as exc:
         message = str(exc)
         if not message.startswith("chat template"):
             message = f"chat template error: {message}"
         raise bad_request(message, param="messages") from None
-    return Prompt(text, tuple(tokenizer.encode(text)), prompt_opens_reasoning(text))
+    return Prompt(text, tuple(encode_text(tokenizer, text)), prompt_opens_reasoning(text))
+
+
+def encode_text(tokenizer: Tokenizer, text: str) -> list[int]:
+    """Token ids of ``text`` (no special tokens added), identical to ``tokenizer.encode(text)``.
+
+    HF ``tokenizers``' single ``Tokenizer.encode`` holds the GIL for its whole run (seconds for a
+    megabyte prompt), which would freeze the event loop (health checks, SSE pings, other
+    streams) even from a worker thread; ``encode_batch`` releases it. Falls back to
+    ``tokenizer.encode`` for tokenizers without an HF backend (test doubles).
+    """
+    hf = getattr(tokenizer, "hf", None)
+    if hf is None or not hasattr(hf, "encode_batch"):
+        return list(tokenizer.encode(text))
+    return hf.encode_batch([text], add_special_tokens=False)[0].ids
 
 
 def check_context(num_prompt_tokens: int, max_model_len: int, api: Api, param: str) -> None:

@@ -208,3 +208,16 @@ def test_validation_errors_are_clear() -> None:
         with pytest.raises(ValueError) as exc:
             engine.add_request(1, request(prompt, **kw), sink)
         assert str(exc.value) == message
+
+
+def test_padded_vocabulary_rows_are_never_sampled() -> None:
+    # The checkpoint's vocab_size rounds the tokenizer size up; those extra ids decode to
+    # nothing, so the runner must never pick them even when the model favours one.
+    tok = tokenizer()
+    padded = tok.vocab_size + 20
+    model = ScriptedLM(tok.vocab_size + 38, len(PROMPT), [padded, padded], tok.encode("z")[0])
+    engine = Engine(model, tok, info())
+    chunks = run_alone(engine, request(PROMPT, max_tokens=2, temperature=0, logprobs=1))
+    assert all(t < tok.vocab_size for t in ids_of(chunks))
+    lps = [lp for c in chunks for lp in (c.logprobs or ())]
+    assert len(lps) == 2 and all(alt[0] < tok.vocab_size for lp in lps for alt in lp.top)

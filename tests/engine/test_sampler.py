@@ -115,3 +115,25 @@ def test_bad_inputs_raise() -> None:
         sample(torch.zeros(2, 3), SamplingParams(temperature=0), None)
     with pytest.raises(ValueError, match="needs a torch.Generator"):
         sample(torch.zeros(3), SamplingParams(temperature=1.0), None)
+
+
+@pytest.mark.parametrize("temperature", [1e-40, 1e-30, 1e-6])
+def test_vanishing_temperature_samples_greedily(temperature: float) -> None:
+    # 5.0 / 1e-40 overflows float32 to inf and softmax to NaN: multinomial used to raise, which
+    # the server turned into a 500 for a valid request. Below GREEDY_TEMPERATURE it is argmax.
+    logits = torch.tensor([1.0, 5.0, 2.0, 4.999])
+    params = SamplingParams(temperature=temperature, logprobs=1)
+    picked = sample(logits, params, make_generator(0))
+    assert picked.token_id == 1
+    assert picked.logprob == pytest.approx(float(torch.log_softmax(logits, -1)[1]))
+
+
+def test_temperature_at_the_greedy_threshold_still_samples() -> None:
+    from freetoken.engine.sampler import GREEDY_TEMPERATURE
+
+    # Exactly at the threshold the request is sampled (finite: 1 / 1e-5 = 1e5 fits float32);
+    # two tied logits are then drawn about equally often.
+    logits = torch.tensor([3.0, 3.0, -100.0])
+    draws = _draws(logits, SamplingParams(temperature=GREEDY_TEMPERATURE), 400)
+    counts = Counter(draws)
+    assert set(counts) == {0, 1} and min(counts.values()) > 120

@@ -75,3 +75,25 @@ def test_dense_mlp_layers_match_transformers(arch_name, overrides, tmp_path) -> 
     with torch.no_grad():
         ref = load_hf(path)(ids[None]).logits[0]
     assert (ft(ids, ft.new_state(), all_logits=True) - ref).abs().max().item() <= TOL
+
+
+def test_tied_embeddings_match_transformers(tiny_checkpoint, tmp_path) -> None:
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    src = tiny_checkpoint("qwen3_moe")
+    path = tmp_path / "tied"
+    shutil.copytree(src, path)
+    tensors = load_file(src / "model.safetensors")
+    del tensors["lm_head.weight"]
+    save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps(dict(config, tie_word_embeddings=True)))
+    ft = load_model(path)
+    assert ft.lm_head is ft.embed and "lm_head.weight" not in ft.weight_targets()
+    ids = prompt_ids(path, PROMPT_LEN)
+    with torch.no_grad():
+        ref = load_hf(path)(ids[None]).logits[0]
+    assert (ft(ids, ft.new_state(), all_logits=True) - ref).abs().max().item() <= TOL

@@ -64,7 +64,7 @@ def test_missing_tensor(source, tmp_path) -> None:
 
 def test_unexpected_tensor(source, tmp_path) -> None:
     path, tensors = source
-    extra = dict(tensors, **{"model.layers.0.mlp.experts.99.up_proj.weight": tensors[EXPERT]})
+    extra = dict(tensors, **{"model.layers.0.mlp.experts.99.up_proj.weight": tensors[EXPERT].clone()})
     bad = copy_with_tensors(path, tmp_path / "unexpected", extra)
     with pytest.raises(ValueError) as err:
         load_model(bad)

@@ -1,0 +1,81 @@
+"""``freetoken serve`` start-up failures: bad flags, a busy port and an unloadable model each end
+with exit status 2 and one clear line, before any slow work and without a traceback."""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+import pytest
+
+from freetoken.cli import build_parser, main
+from freetoken.launch import base_url, serve
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--port", "70000"], "argument --port: must be in [0, 65535], got 70000"),
+        (["--port", "-1"], "argument --port: must be in [0, 65535], got -1"),
+        (["--max-output-tokens", "0"], "argument --max-output-tokens: must be >= 1, got 0"),
+        (["--max-model-len", "1"], "argument --max-model-len: must be >= 2, got 1"),
+        (["--max-model-len", "lots"], "argument --max-model-len: invalid int value: 'lots'"),
+    ],
+)
+def test_out_of_range_flags_are_usage_errors(flags, message, capsys):
+    with pytest.raises(SystemExit) as info:
+        build_parser().parse_args(["serve", *flags])
+    assert info.value.code == 2
+    assert capsys.readouterr().err.strip().endswith(f"freetoken serve: error: {message}")
+
+
+@pytest.fixture
+def fake_checkpoint(tmp_path: Path) -> Path:
+    """A directory that passes the ``config.json`` check but cannot be loaded."""
+    (tmp_path / "config.json").write_text("{}")
+    return tmp_path
+
+
+def test_busy_port_fails_before_loading(fake_checkpoint, capsys):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        code = main(["serve", "--model", str(fake_checkpoint), "--port", str(port)])
+    assert code == 2
+    # No "loading" (the model is never touched) and no false "listening on" line.
+    assert capsys.readouterr().out == (
+        f"[freetoken] error: cannot listen on 127.0.0.1:{port}: Address already in use\n"
+    )
+
+
+def test_empty_api_key_is_refused_before_loading(fake_checkpoint, capsys):
+    args = build_parser().parse_args(
+        ["serve", "--model", str(fake_checkpoint), "--port", "0", "--api-key", ""]
+    )
+    assert serve(args) == 2
+    assert capsys.readouterr().out == (
+        "[freetoken] error: api_key must be None (no auth) or a non-empty string\n"
+    )
+
+
+def test_unloadable_model_is_one_error_line(tiny_checkpoint, capsys):
+    path = tiny_checkpoint("qwen3_next")
+    limit = json.loads((path / "config.json").read_text())["max_position_embeddings"]
+    args = build_parser().parse_args(
+        ["serve", "--model", str(path), "--port", "0", "--max-model-len", "999999999"]
+    )
+    assert serve(args) == 2
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == f"[freetoken] loading {path} (float32, cpu)"
+    assert out[-1] == (
+        f"[freetoken] error: cannot load {path}: max_model_len must be in [2, {limit}] for "
+        f"{path}, got 999999999"
+    )
+    assert not any("listening" in line for line in out)
+
+
+def test_base_url_brackets_ipv6():
+    assert base_url("127.0.0.1", 8000) == "http://127.0.0.1:8000"
+    assert base_url("::1", 0) == "http://[::1]:0"
