@@ -32,6 +32,10 @@ from freetoken.server.streaming import data_event
 
 log = logging.getLogger("freetoken.server")
 
+DEFAULT_MAX_TOKENS = 16
+"""``max_tokens`` of a completions request that sends none (the OpenAI Completions default, also
+vLLM's); chat requests default to the server's limit instead."""
+
 
 @dataclass(frozen=True)
 class CompletionJob:
@@ -70,7 +74,8 @@ def prompt_ids(ctx: ServerContext, prompt: str | list) -> tuple[int, ...]:
 
 
 def prepare_completion(ctx: ServerContext, req: CompletionRequest) -> CompletionJob:
-    """Validate a completions request, tokenize its prompt and clamp its sampling parameters.
+    """Validate a completions request, tokenize its prompt and clamp its sampling parameters
+    (``max_tokens`` defaults to :data:`DEFAULT_MAX_TOKENS`).
 
     Raises:
         APIError: 400 for ``n`` > 1, ``echo``, ``suffix``, a bad prompt, or one that does not fit
@@ -85,7 +90,7 @@ def prepare_completion(ctx: ServerContext, req: CompletionRequest) -> Completion
     ctx.check_context(len(ids), "openai", "prompt")
     sampling = build_sampling(
         config=ctx.config,
-        requested_max_tokens=req.max_tokens,
+        requested_max_tokens=req.max_tokens if req.max_tokens is not None else DEFAULT_MAX_TOKENS,
         prompt_len=len(ids),
         max_model_len=ctx.engine.info.max_model_len,
         temperature=req.temperature,

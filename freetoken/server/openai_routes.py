@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
+
 from fastapi import APIRouter
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -23,15 +25,23 @@ def openai_router(ctx: ServerContext) -> APIRouter:
     """The OpenAI-compatible routes bound to ``ctx``."""
     router = APIRouter()
     created = now()
+    created_at = datetime.fromtimestamp(created, timezone.utc).isoformat().replace("+00:00", "Z")
 
     def model_card(name: str) -> dict:
-        """A ``model`` object for ``name``."""
+        """A model object for ``name`` in both APIs' shapes: OpenAI ``id``/``object``/``created``/
+        ``owned_by`` and Anthropic ``type``/``display_name``/``created_at`` (RFC 3339) plus
+        ``max_input_tokens``/``max_tokens``, so either SDK's ``models.list()`` fills its fields."""
         return {
             "id": name,
             "object": "model",
             "created": created,
             "owned_by": "freetoken",
+            "type": "model",
+            "display_name": name,
+            "created_at": created_at,
             "max_model_len": ctx.engine.info.max_model_len,
+            "max_input_tokens": ctx.engine.info.max_model_len - 1,
+            "max_tokens": ctx.config.max_output_tokens,
         }
 
     @router.post("/v1/chat/completions")
@@ -62,8 +72,18 @@ def openai_router(ctx: ServerContext) -> APIRouter:
 
     @router.get("/v1/models")
     async def list_models() -> Response:
-        """The served model name (``object: list``)."""
-        return JSONResponse({"object": "list", "data": [model_card(ctx.config.served_model_name)]})
+        """The served model (OpenAI ``object: list``; Anthropic ``has_more``/``first_id``/
+        ``last_id``)."""
+        name = ctx.config.served_model_name
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": [model_card(name)],
+                "has_more": False,
+                "first_id": name,
+                "last_id": name,
+            }
+        )
 
     @router.get("/v1/models/{model_id:path}")
     async def get_model(model_id: str) -> Response:

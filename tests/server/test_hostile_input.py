@@ -317,3 +317,35 @@ def test_image_in_a_tool_result_becomes_a_placeholder(srv):
     direct = {"max_tokens": 5, "messages": [{"role": "user", "content": [image]}]}
     r = srv.http.post(MSGS, json=direct)
     assert r.status_code == 400
+
+
+def test_models_list_fills_both_sdks(srv):
+    import anthropic
+    import openai
+
+    with anthropic.Anthropic(base_url=srv.base_url, api_key="x", max_retries=0) as c:
+        page = c.models.list()
+        card = c.models.retrieve("claude-anything")
+    assert [(m.id, m.type, m.display_name) for m in page.data] == [(MODEL, "model", MODEL)]
+    assert page.has_more is False and page.first_id == page.last_id == MODEL
+    assert (card.id, card.type, card.max_input_tokens, card.max_tokens) == (
+        "claude-anything",
+        "model",
+        srv.engine.info.max_model_len - 1,
+        srv.config.max_output_tokens,
+    )
+    assert card.created_at is not None and card.created_at.tzinfo is not None
+    with openai.OpenAI(base_url=srv.base_url + "/v1", api_key="x", max_retries=0) as c:
+        assert [(m.id, m.object, m.owned_by) for m in c.models.list().data] == [
+            (MODEL, "model", "freetoken")
+        ]
+
+
+def test_completions_default_to_16_tokens(srv):
+    # OpenAI's (and vLLM's) Completions default; the server cap (64 here) used to apply.
+    srv.engine.push("word " * 100, endless=True)
+    r = srv.http.post(CMPL, json={"prompt": "count:"})
+    assert r.json()["usage"]["completion_tokens"] == 16
+    assert r.json()["choices"][0]["finish_reason"] == "length"
+    sp = srv.engine.last.request.sampling
+    assert (sp.max_tokens, sp.length_capped) == (16, False)
