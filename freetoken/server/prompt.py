@@ -103,17 +103,9 @@ def render_prompt(
 
 
 def encode_text(tokenizer: Tokenizer, text: str) -> list[int]:
-    """Token ids of ``text`` (no special tokens added), identical to ``tokenizer.encode(text)``.
-
-    HF ``tokenizers``' single ``Tokenizer.encode`` holds the GIL for its whole run (seconds for a
-    megabyte prompt), which would freeze the event loop (health checks, SSE pings, other
-    streams) even from a worker thread; ``encode_batch`` releases it. Falls back to
-    ``tokenizer.encode`` for tokenizers without an HF backend (test doubles).
-    """
-    hf = getattr(tokenizer, "hf", None)
-    if hf is None or not hasattr(hf, "encode_batch"):
-        return list(tokenizer.encode(text))
-    return hf.encode_batch([text], add_special_tokens=False)[0].ids
+    """Token ids of ``text`` (no special tokens added); ``Tokenizer.encode`` releases the GIL,
+    so a megabyte prompt tokenised in a worker thread does not freeze the event loop."""
+    return list(tokenizer.encode(text))
 
 
 def check_context(num_prompt_tokens: int, max_model_len: int, api: Api, param: str) -> None:

@@ -82,8 +82,12 @@ class Tokenizer:
         return self.hf.get_vocab_size(with_added_tokens=True)
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of ``text``; added tokens written in the text (``<|im_start|>``) map to their ids."""
-        return self.hf.encode(text, add_special_tokens=False).ids
+        """Token ids of ``text``; added tokens written in the text (``<|im_start|>``) map to their ids.
+
+        Goes through ``encode_batch``, which releases the GIL (the single ``encode`` holds it for
+        seconds on a megabyte prompt, freezing the server's event loop even from a worker thread).
+        """
+        return self.hf.encode_batch([text], add_special_tokens=False)[0].ids
 
     def decode(self, ids: list[int] | tuple[int, ...], skip_special_tokens: bool = False) -> str:
         """Text of ``ids``; invalid UTF-8 byte sequences decode to U+FFFD."""
