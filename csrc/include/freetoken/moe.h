@@ -1,0 +1,71 @@
+// SwiGLU routed-expert MLP computed on the CPU straight from host expert banks.
+//
+// Shape letters: T tokens, H hidden, I expert intermediate, N flat expert ids (l * E + e),
+// P (token, expert, weight) triples.
+//   out[t] = sum over triples (t, n, w) of  w * down[n] @ (silu(gate[n] @ x[t]) * (up[n] @ x[t]))
+// with gate[n] = gate_up[n, 0:I], up[n] = gate_up[n, I:2I] (transformers v5 fused layout).
+#pragma once
+
+#include <cstdint>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "freetoken/isa.h"
+#include "freetoken/thread_pool.h"
+
+namespace freetoken {
+
+struct MoeProblem {
+  const void* x = nullptr;   // [T, H], fp32 or bf16 bits (x_is_bf16)
+  bool x_is_bf16 = false;
+  int64_t num_tokens = 0;    // T
+  int64_t hidden = 0;        // H
+  int64_t intermediate = 0;  // I
+  int64_t num_experts = 0;   // N
+  const uint16_t* gate_up = nullptr;  // [N, 2I, H] bf16 bits
+  const uint16_t* down = nullptr;     // [N, H, I] bf16 bits
+  std::vector<int64_t> token_ids;     // [P], in [0, T)
+  std::vector<int64_t> expert_ids;    // [P], in [0, N), or -1 to skip the triple
+  std::vector<float> weights;         // [P] gate weights
+  float* out = nullptr;               // [T, H] fp32, fully overwritten
+  Isa isa = Isa::kScalar;
+};
+
+// Checks ids against T and N; throws std::invalid_argument with the offending position.
+void validate_routing(const MoeProblem& p);
+
+// Computes p.out on the pool; blocks until done. Results do not depend on the thread count.
+void moe_forward(const MoeProblem& p, ThreadPool& pool);
+
+// Owns the thread pool and a dispatcher thread that runs submitted problems in order.
+class MoeRunner {
+ public:
+  explicit MoeRunner(int num_threads);
+  ~MoeRunner();
+  MoeRunner(const MoeRunner&) = delete;
+  MoeRunner& operator=(const MoeRunner&) = delete;
+
+  int num_threads() const { return pool_.size(); }
+
+  // Queues p and returns at once; the future becomes ready (or holds the exception) when p.out is
+  // written. Every pointer in p must stay valid until then.
+  std::shared_future<void> submit(MoeProblem p);
+
+ private:
+  void dispatch_loop();
+
+  struct Job {
+    MoeProblem problem;
+    std::promise<void> done;
+  };
+  ThreadPool pool_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::unique_ptr<Job>> queue_;
+  bool stop_ = false;
+  std::thread dispatcher_;
+};
+
+}  // namespace freetoken

@@ -1,0 +1,51 @@
+// Runtime CPU detection and the name <-> variant mapping (compiled without ISA flags).
+#include "freetoken/isa.h"
+
+#include <stdexcept>
+
+namespace freetoken {
+
+const char* isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::kScalar: return "scalar";
+    case Isa::kAvx2: return "avx2";
+    case Isa::kAvx512Bf16: return "avx512_bf16";
+  }
+  return "unknown";
+}
+
+Isa parse_isa(const std::string& name) {
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512Bf16}) {
+    if (name == isa_name(isa)) return isa;
+  }
+  throw std::invalid_argument("unknown CPU MoE ISA '" + name +
+                              "'; expected one of: scalar, avx2, avx512_bf16");
+}
+
+std::vector<Isa> supported_isas() {
+  std::vector<Isa> out{Isa::kScalar};
+#if defined(__x86_64__) || defined(__i386__)
+  // __builtin_cpu_supports also checks that the OS saves the wide registers (XGETBV).
+  __builtin_cpu_init();
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  if (avx2) out.push_back(Isa::kAvx2);
+  if (avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16")) {
+    out.push_back(Isa::kAvx512Bf16);
+  }
+#endif
+  return out;
+}
+
+Isa best_isa() { return supported_isas().back(); }
+
+RowsDotFn rows_dot_for(Isa isa) {
+  switch (isa) {
+    case Isa::kScalar: return &rows_dot_scalar;
+    case Isa::kAvx2: return &rows_dot_avx2;
+    case Isa::kAvx512Bf16: return &rows_dot_avx512_bf16;
+  }
+  return &rows_dot_scalar;
+}
+
+}  // namespace freetoken

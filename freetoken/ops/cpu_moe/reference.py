@@ -1,0 +1,60 @@
+"""Plain-torch fp32 reference of the CPU expert kernel (same signature as :func:`cpu.cpu_moe`).
+
+Shape letters: T tokens, H hidden, I expert intermediate, N flat expert ids ``l * E + e``,
+P (token, expert, weight) triples. Source: the SwiGLU expert MLP of transformers v5
+``Qwen3MoeExperts`` / ``OlmoeExperts`` (fused ``gate_up_proj [E, 2I, H]``, ``down_proj [E, H, I]``):
+``y = down @ (silu(gate @ x) * (up @ x))`` with gate rows ``[0:I]`` and up rows ``[I:2I]``,
+weighted by the router's top-k weight and summed per token.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def cpu_moe_reference(
+    x: torch.Tensor,
+    token_ids: torch.Tensor,
+    expert_ids: torch.Tensor,
+    weights: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+) -> torch.Tensor:
+    """Gate-weighted SwiGLU expert outputs summed per token, in fp32, looping over experts.
+
+    Args:
+        x: ``[T, H]`` hidden states (any float dtype; upcast to fp32).
+        token_ids: ``[P]`` int64 token row of each triple, in ``[0, T)``.
+        expert_ids: ``[P]`` int64 flat expert id of each triple, in ``[0, N)``; ``-1`` skips it.
+        weights: ``[P]`` gate (top-k) weight of each triple.
+        gate_up: ``[N, 2I, H]`` expert bank, rows ``[0:I]`` gate and ``[I:2I]`` up.
+        down: ``[N, H, I]`` expert bank.
+
+    Returns:
+        ``[T, H]`` fp32 partial sums (zeros for tokens no triple names).
+    """
+    t, h = x.shape
+    i = down.shape[2]
+    out = torch.zeros(t, h, dtype=torch.float32)
+    xf = x.float()
+    for e in torch.unique(expert_ids[expert_ids >= 0]).tolist():
+        sel = (expert_ids == e).nonzero().flatten()  # [n]
+        tok = token_ids[sel]  # [n]
+        gu = xf[tok] @ gate_up[e].float().t()  # [n, 2I]
+        act = F.silu(gu[:, :i]) * gu[:, i:]  # [n, I]
+        y = act @ down[e].float().t()  # [n, H]
+        out.index_add_(0, tok, y * weights[sel].float()[:, None])
+    return out
+
+
+def relative_rms_error(ref: torch.Tensor, out: torch.Tensor) -> float:
+    """``rms(out - ref) / rms(ref)`` in fp64; ``inf`` if ``out`` has a NaN/inf, 0 for two zeros.
+
+    The error metric that :data:`freetoken.ops.cpu_moe.TOLERANCE` bounds.
+    """
+    if not torch.isfinite(out).all():
+        return float("inf")
+    diff = (out.double() - ref.double()).pow(2).mean().sqrt().item()
+    scale = ref.double().pow(2).mean().sqrt().item()
+    return diff / scale if scale > 0 else diff
