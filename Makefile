@@ -9,7 +9,10 @@ PYTEST_ARGS ?=
 
 .PHONY: install serve test test-fast clients clean
 
-$(STAMP): pyproject.toml
+# Rebuilt when the dependencies or the C++ kernel sources change (the editable install compiles csrc/).
+CSRC_SOURCES := $(wildcard csrc/*.py csrc/src/*.cpp csrc/bindings/*.cpp csrc/bindings/*.h csrc/include/freetoken/*.h)
+
+$(STAMP): pyproject.toml $(CSRC_SOURCES)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test]'
