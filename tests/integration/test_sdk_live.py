@@ -13,7 +13,7 @@ import pytest
 
 from freetoken.chat.template import ChatTemplate
 from freetoken.tokenizer.tokenizer import Tokenizer
-from tests.integration.live_server import live_server
+from tests.clients.server import ServerProcess
 
 CAP = 24
 TOOLS_OAI = [{
@@ -32,9 +32,11 @@ TOOLS_ANT = [{"name": "bash", "description": "Run a shell command",
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory):
     log = tmp_path_factory.mktemp("serve") / "serve.log"
-    with live_server("--max-output-tokens", str(CAP), "--served-model-name", "tiny-next",
-                     log_path=log) as base:
-        yield base, log
+    proc = ServerProcess.start(log, served_model_name="tiny-next", max_output_tokens=CAP)
+    try:
+        yield proc.base_url, log
+    finally:
+        proc.stop()
 
 
 @pytest.fixture(scope="module")
