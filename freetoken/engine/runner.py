@@ -43,6 +43,12 @@ class ModelRunner:
         sampleable_vocab: number of token ids the tokenizer can decode; the model's padded
             embedding rows beyond it (config ``vocab_size`` rounds the tokenizer size up) are
             never sampled and never count in logprobs. None samples every logit column.
+        routing_recorder: a ``freetoken.offload.recorder.RoutingRecorder`` (``--record-routing``)
+            told each step's request and phase; it receives every MoE layer's top-k ids.
+
+    Step boundaries: when the model has an offload runtime (``model.moe_runtime``), its
+    ``begin_step()`` / ``end_step()`` run around every forward, which is where a live expert-cache
+    resize lands.
     """
 
     def __init__(
@@ -50,8 +56,13 @@ class ModelRunner:
         model: CausalLM,
         device: torch.device | str | None = None,
         sampleable_vocab: int | None = None,
+        routing_recorder=None,
     ) -> None:
         self.model = model
+        self.moe_runtime = getattr(model, "moe_runtime", None)
+        self.routing_recorder = routing_recorder
+        if routing_recorder is not None:
+            model.set_routing_observer(routing_recorder.record)
         self.device = torch.device(device) if device is not None else model_device(model)
         self.sampleable_vocab = sampleable_vocab
         self._slots: dict[int, _Slot] = {}
@@ -80,6 +91,20 @@ class ModelRunner:
         """Drop a request's state (finished, aborted or failed); a no-op when absent."""
         self._slots.pop(request_key, None)
 
+    def _forward(self, batch: ScheduledBatch, ids: torch.Tensor,
+                 state: SequenceState) -> torch.Tensor:
+        if self.routing_recorder is not None:
+            decode = batch.num_computed_tokens > 0 and len(batch.token_ids) == 1
+            self.routing_recorder.begin_step(batch.request_key, 1 if decode else 0)
+        runtime = self.moe_runtime
+        if runtime is None:
+            return self.model(ids, state)
+        runtime.begin_step()
+        try:
+            return self.model(ids, state)
+        finally:
+            runtime.end_step()
+
     def _execute(self, batch: ScheduledBatch) -> ForwardOutput:
         slot = self._slots.get(batch.request_key)
         if batch.num_computed_tokens == 0:
@@ -93,7 +118,7 @@ class ModelRunner:
                 f"{batch.num_computed_tokens}"
             )
         ids = torch.tensor(batch.token_ids, dtype=torch.long, device=self.device)  # [T]
-        logits = self.model(ids, slot.state)  # [1, V]
+        logits = self._forward(batch, ids, slot.state)  # [1, V]
         if not batch.sample:
             return ForwardOutput(batch.request_key)
         last = logits[-1]  # [V]

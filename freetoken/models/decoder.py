@@ -10,6 +10,7 @@ subclass only says which mixer / MLP each layer gets. Long inputs run in chunks 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -25,6 +26,7 @@ from freetoken.models.norms import RMSNorm
 from freetoken.models.rotary import RotaryTable
 from freetoken.models.state import HybridState, KVCache
 
+ExpertsFactory = Callable[[int, int], nn.Module]
 DEFAULT_PREFILL_CHUNK = 1024
 # On small machines a one-token step is dozens of tiny kernels; splitting each over 2 OpenMP
 # threads costs more in synchronisation than it gains, and when another process holds a core it
@@ -58,16 +60,20 @@ class DecoderLM(CausalLM):
         config: parsed config.
         dtype: compute/parameter dtype (fp32 or bf16); GDN state and norms stay fp32.
         device: parameter device.
+        experts_factory: ``(decoder layer, MoE layer ordinal) -> routed-expert module`` for each
+            MoE layer (see :class:`SparseMoE`); None keeps resident expert parameters.
 
     Attributes:
+        moe_runtime: the offload runtime serving the routed experts, or None (resident).
         prefill_chunk: tokens per internal prefill chunk (bounds attention memory).
         decode_threads: intra-op threads used while consuming a single token (restored after);
             None keeps torch's setting. Defaults to 1 on machines with <= 4 CPUs.
     """
 
     def __init__(self, config: ModelConfig, dtype: torch.dtype = torch.float32,
-                 device=None) -> None:
+                 device=None, experts_factory: ExpertsFactory | None = None) -> None:
         super().__init__()
+        self.moe_runtime = None  # set by the offload loader (``freetoken.offload.loading``)
         self.config = config
         self.dtype = dtype
         self.prefill_chunk = DEFAULT_PREFILL_CHUNK
@@ -81,9 +87,12 @@ class DecoderLM(CausalLM):
                                         requires_grad=False)
         eps, zc = config.rms_norm_eps, config.zero_centered_norms
         layers = []
+        moe_layer = 0
         for i in range(config.num_hidden_layers):
             if config.is_moe_layer(i):
-                mlp = SparseMoE(config, i, dtype, device)
+                experts = experts_factory(i, moe_layer) if experts_factory else None
+                mlp = SparseMoE(config, i, dtype, device, moe_layer, experts)
+                moe_layer += 1
             else:
                 mlp = DenseMLP(h, config.intermediate_size, dtype, device)
             layers.append(DecoderLayer(self.build_mixer(i, dtype, device), mlp,
@@ -113,6 +122,15 @@ class DecoderLM(CausalLM):
             targets.update(layer.mixer.weight_targets(p + self.mixer_prefix(i) + "."))
             targets.update(layer.mlp.weight_targets(p + "mlp."))
         return targets
+
+    def moe_blocks(self) -> list[SparseMoE]:
+        """The MoE blocks in layer order (their ``moe_layer`` ordinals are 0, 1, ...)."""
+        return [layer.mlp for layer in self.layers if isinstance(layer.mlp, SparseMoE)]
+
+    def set_routing_observer(self, observer) -> None:
+        """Install (or with None remove) ``observer(moe_layer, topk_ids [T, k])`` on every MoE block."""
+        for block in self.moe_blocks():
+            block.routing_observer = observer
 
     def new_state(self) -> HybridState:
         """Empty state: an empty KV cache per attention layer, zero GDN states."""

@@ -64,13 +64,16 @@ class Checkpoint:
         else:
             raise FileNotFoundError(f"no {SINGLE_FILE} or {INDEX_FILE} in {self.path}")
         self._shapes: dict[str, tuple[int, ...]] = {}
+        self._dtypes: dict[str, str] = {}
         for file, names in self.by_file(self.files).items():
             with safe_open(file, framework="pt") as f:
                 present = set(f.keys())
                 for name in names:
                     if name not in present:
                         raise ValueError(f"{INDEX_FILE}: tensor {name!r} is not in {file.name}")
-                    self._shapes[name] = tuple(f.get_slice(name).get_shape())
+                    piece = f.get_slice(name)
+                    self._shapes[name] = tuple(piece.get_shape())
+                    self._dtypes[name] = str(piece.get_dtype())
 
     def _from_index(self, index: Path) -> dict[str, Path]:
         try:
@@ -98,6 +101,11 @@ class Checkpoint:
     def shape(self, name: str) -> tuple[int, ...]:
         """Shape of tensor ``name`` as stored (KeyError if absent)."""
         return self._shapes[name]
+
+    def dtype(self, name: str) -> str:
+        """safetensors dtype code of tensor ``name`` as stored (``"BF16"``, ``"F32"``, ...;
+        KeyError if absent)."""
+        return self._dtypes[name]
 
 
 def _names(names: list[str]) -> str:

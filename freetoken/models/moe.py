@@ -10,13 +10,15 @@ fused weight ``[E (+1), H]``; the shared expert's gate_proj/up_proj are fused as
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from freetoken.models.config import ModelConfig
 from freetoken.models.loader import WeightTarget
-from freetoken.models.moe_forward import ExpertWeights, moe_forward, swiglu
+from freetoken.models.moe_forward import ExpertWeights, swiglu
 
 
 def _param(*shape: int, dtype: torch.dtype, device=None) -> nn.Parameter:
@@ -51,6 +53,9 @@ class DenseMLP(nn.Module):
         return swiglu(x, self.gate_up, self.down)
 
 
+RoutingObserver = Callable[[int, torch.Tensor], None]  # (MoE layer ordinal, topk ids [T, k])
+
+
 class SparseMoE(nn.Module):
     """Top-k softmax-routed MoE with an optional sigmoid-gated shared expert.
 
@@ -58,10 +63,21 @@ class SparseMoE(nn.Module):
         config: E, top-k, norm_topk_prob, moe/shared intermediate sizes.
         layer: decoder layer index.
         dtype, device: parameter dtype/device.
+        moe_layer: ordinal of this layer among the MoE layers (flat expert ids ``l * E + e``).
+        experts: the routed-expert module, called ``experts(x [T, H], ids [T, k], weights [T, k])
+            -> [T, H]`` and asked for ``weight_targets(prefix)``; default: resident
+            :class:`ExpertWeights` parameters (the offload runtime passes its own).
+
+    Attributes:
+        routing_observer: when set, called with ``(moe_layer, topk_ids)`` after every routing
+            (``--record-routing``).
     """
 
-    def __init__(self, config: ModelConfig, layer: int, dtype: torch.dtype, device=None) -> None:
+    def __init__(self, config: ModelConfig, layer: int, dtype: torch.dtype, device=None,
+                 moe_layer: int = 0, experts: nn.Module | None = None) -> None:
         super().__init__()
+        self.moe_layer = moe_layer
+        self.routing_observer: RoutingObserver | None = None
         self.num_experts = config.num_experts
         self.top_k = config.num_experts_per_tok
         self.norm_topk_prob = config.norm_topk_prob
@@ -69,9 +85,11 @@ class SparseMoE(nn.Module):
         hidden = config.hidden_size
         rows = self.num_experts + (1 if self.has_shared else 0)
         self.router = _param(rows, hidden, dtype=dtype, device=device)
-        self.experts = ExpertWeights(
-            layer, self.num_experts, hidden, config.moe_intermediate_size, dtype, device
-        )
+        if experts is None:
+            experts = ExpertWeights(
+                layer, self.num_experts, hidden, config.moe_intermediate_size, dtype, device
+            )
+        self.experts = experts
         if self.has_shared:
             self.shared = DenseMLP(hidden, config.shared_expert_intermediate_size, dtype, device)
 
@@ -101,7 +119,9 @@ class SparseMoE(nn.Module):
         """``[T, H]`` -> ``[T, H]`` routed experts (+ gated shared expert)."""
         logits = F.linear(x, self.router)
         ids, weights = self.route(logits[:, : self.num_experts])
-        out = moe_forward(x, ids, weights, self.experts)
+        if self.routing_observer is not None:
+            self.routing_observer(self.moe_layer, ids)
+        out = self.experts(x, ids, weights)
         if self.has_shared:
             out = out + torch.sigmoid(logits[:, self.num_experts :]) * self.shared(x)
         return out

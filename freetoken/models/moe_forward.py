@@ -44,6 +44,11 @@ class ExpertWeights(nn.Module):
         """E."""
         return self.gate_up.shape[0]
 
+    def forward(self, hidden: torch.Tensor, topk_ids: torch.Tensor,
+                topk_weights: torch.Tensor) -> torch.Tensor:
+        """:func:`moe_forward` over these weights: ``[T, H]`` -> ``[T, H]``."""
+        return moe_forward(hidden, topk_ids, topk_weights, self)
+
     def weight_targets(self, prefix: str) -> dict[str, WeightTarget]:
         """Per-expert HF names ``{prefix}E.{gate,up,down}_proj.weight`` -> rows of the stacks."""
         i = self.intermediate
@@ -68,13 +73,66 @@ def swiglu(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.
     return F.linear(F.silu(gate) * up, down)
 
 
+def grouped_swiglu(
+    hidden: torch.Tensor,
+    expert_ids: torch.Tensor,
+    weights: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+) -> torch.Tensor:
+    """Gate-weighted sum of SwiGLU experts over routed ``(token, expert)`` entries, skipping ``-1``.
+
+    Tokens are grouped by expert (one stable sort) and only experts that received tokens run; a
+    single token (decode) just loops over its entries. Used for the resident experts of a layer
+    and for the device branch of the offload runtime (``expert_ids`` = cache slot ids, ``-1`` for
+    entries the CPU branch computes).
+
+    Args:
+        hidden: ``[T, H]`` (model dtype).
+        expert_ids: ``[T, k]`` int64 rows of ``gate_up`` / ``down``, or ``-1`` to skip the entry.
+        weights: ``[T, k]`` routing weights, ``hidden``'s dtype.
+        gate_up: ``[R, 2I, H]`` stacked gate (rows ``0:I``) and up projections.
+        down: ``[R, H, I]``.
+
+    Returns:
+        ``[T, H]`` (zeros where every entry of a token is skipped).
+    """
+    t, k = expert_ids.shape
+    if t == 1:
+        out = None
+        for j, e in enumerate(expert_ids[0].tolist()):
+            if e < 0:
+                continue
+            y = swiglu(hidden, gate_up[e], down[e]) * weights[0, j]
+            out = y if out is None else out + y
+        return torch.zeros_like(hidden) if out is None else out
+    flat = expert_ids.flatten()
+    order = flat.argsort(stable=True)
+    skipped = int((flat < 0).sum())
+    order = order[skipped:]  # -1 entries sort first
+    if order.numel() == 0:
+        return torch.zeros_like(hidden)
+    counts = torch.bincount(flat.index_select(0, order)).tolist()
+    token_of = order // k
+    x_sorted = hidden.index_select(0, token_of)
+    y_sorted = torch.empty_like(x_sorted)
+    start = 0
+    for e, count in enumerate(counts):
+        if count:
+            rows = slice(start, start + count)
+            y_sorted[rows] = swiglu(x_sorted[rows], gate_up[e], down[e])
+            start += count
+    y_sorted *= weights.flatten().index_select(0, order)[:, None]
+    return torch.zeros_like(hidden).index_add_(0, token_of, y_sorted)
+
+
 def moe_forward(
     hidden: torch.Tensor,
     topk_ids: torch.Tensor,
     topk_weights: torch.Tensor,
     experts: ExpertWeights,
 ) -> torch.Tensor:
-    """Weighted sum of each token's top-k routed experts.
+    """Weighted sum of each token's top-k routed experts (all experts resident).
 
     Args:
         hidden: ``[T, H]`` MoE input (model dtype).
@@ -85,24 +143,4 @@ def moe_forward(
     Returns:
         ``[T, H]`` routed output (shared expert not included).
     """
-    t, k = topk_ids.shape
-    if t == 1:
-        out = None
-        for j, e in enumerate(topk_ids[0].tolist()):
-            y = swiglu(hidden, experts.gate_up[e], experts.down[e]) * topk_weights[0, j]
-            out = y if out is None else out + y
-        return out
-    flat = topk_ids.flatten()
-    order = flat.argsort(stable=True)
-    counts = torch.bincount(flat, minlength=experts.num_experts).tolist()
-    token_of = order // k
-    x_sorted = hidden.index_select(0, token_of)
-    y_sorted = torch.empty_like(x_sorted)
-    start = 0
-    for e, count in enumerate(counts):
-        if count:
-            rows = slice(start, start + count)
-            y_sorted[rows] = swiglu(x_sorted[rows], experts.gate_up[e], experts.down[e])
-            start += count
-    y_sorted *= topk_weights.flatten().index_select(0, order)[:, None]
-    return torch.zeros_like(hidden).index_add_(0, token_of, y_sorted)
+    return grouped_swiglu(hidden, topk_ids, topk_weights, experts.gate_up, experts.down)

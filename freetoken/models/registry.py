@@ -26,7 +26,8 @@ SUPPORTED_DTYPES = (torch.float32, torch.bfloat16)
 
 
 def load_model(path: str | Path, dtype: torch.dtype = torch.float32,
-               device: str = "cpu") -> CausalLM:
+               device: str = "cpu", moe=None,
+               bandwidths: tuple[float, float] | None = None) -> CausalLM:
     """Load an HF checkpoint directory (``config.json`` + safetensors) as a FreeToken model.
 
     Args:
@@ -34,6 +35,9 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32,
         dtype: compute dtype, ``torch.float32`` (default) or ``torch.bfloat16``; weights are cast
             from their stored dtype.
         device: parameter device.
+        moe: a ``freetoken.offload.backend.MoeConfig``; None (or a backend resolving to
+            ``resident``) keeps every expert on the device as a parameter.
+        bandwidths: profiled ``(B_P, B_H)`` in GB/s for the hybrid miss split.
 
     Returns:
         the model in eval mode, parameters without grad.
@@ -56,6 +60,13 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32,
         raise unsupported_architecture_error(arch)
     config = ModelConfig.from_hf(raw)
     checkpoint = Checkpoint(path)
+    if moe is not None:
+        from freetoken.offload.loading import build_offloaded
+
+        model = build_offloaded(MODEL_CLASSES[arch], config, checkpoint, dtype, device, moe,
+                                bandwidths)
+        if model is not None:
+            return model.eval()
     model = MODEL_CLASSES[arch](config, dtype=dtype, device=device)
     load_weights(checkpoint, model.weight_targets())
     return model.eval()

@@ -1,0 +1,151 @@
+"""Choosing and building the MoE backend (``--moe-backend``, ``--moe-cache-slots``).
+
+Backends (issue 3):
+
+* ``resident``: every expert on the device as ordinary parameters (no runtime);
+* ``offload``: host banks + device cache, every miss filled (q = m);
+* ``cpu``: host banks + device cache preloaded once, every miss on the CPU (q = 0);
+* ``hybrid``: the q* split with online correction (``freetoken.offload.split``);
+* ``auto``: ``resident`` when the whole model fits the device budget, else ``hybrid``. On a
+  CPU-only machine the "device" is host memory that already holds the banks, so ``auto`` is
+  ``resident``.
+
+Cache size spec: an integer number of slots (``"96"``), a fraction of all experts (``"0.25"``,
+``"1.0"``), or bytes with a unit (``"2GiB"``, ``"512MB"``). Default: 25% of the experts on a CPU
+device; on CUDA, what fits in free memory after the resident weights, less a reserve.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import torch
+
+from freetoken.offload.control import MOE_BACKENDS, parse_bytes
+from freetoken.offload.scores import POLICIES
+from freetoken.offload.split import MODES
+
+SPLIT_OF_BACKEND = {"offload": "all-fill", "cpu": "all-cpu", "hybrid": "split"}
+DEFAULT_CPU_FRACTION = 0.25
+CUDA_RESERVE_FRACTION = 0.15  # of free memory, kept for KV cache and activations
+_INT = re.compile(r"^\s*\d+\s*$")
+_FRACTION = re.compile(r"^\s*\d*\.\d*\s*$")
+
+
+@dataclass(frozen=True)
+class MoeConfig:
+    """MoE backend settings (one frozen object, validated on construction).
+
+    Attributes:
+        backend: one of ``resident, offload, cpu, hybrid, auto``.
+        cache: cache size spec (slots, fraction or bytes; see module doc) or None for the default.
+        policy: eviction policy, ``lru`` or ``lfu-decay``.
+        split: override of the miss split mode (``split``, ``static``, ``all-fill``,
+            ``all-cpu``; benchmarks compare them); None = the backend's own.
+        ratio: override of the initial ``B_P / B_H``; None = from the profile (0.5 without one).
+        eta: online correction gain of the split.
+        preload: fill the cache with a uniform hot set at load (every backend but resident).
+        log_every: summary log line every this many steps (0 = never).
+
+    Raises:
+        ValueError: unknown backend / policy / split, bad cache spec, bad ratio or eta.
+    """
+
+    backend: str = "auto"
+    cache: str | None = None
+    policy: str = "lru"
+    split: str | None = None
+    ratio: float | None = None
+    eta: float = 0.3
+    preload: bool = True
+    log_every: int = 0
+
+    def __post_init__(self) -> None:
+        if self.backend not in MOE_BACKENDS:
+            raise ValueError(f"unknown --moe-backend {self.backend!r}; choose one of "
+                             f"{', '.join(MOE_BACKENDS)}")
+        if self.policy not in POLICIES:
+            raise ValueError(f"unknown --moe-policy {self.policy!r}; choose one of "
+                             f"{', '.join(POLICIES)}")
+        if self.split is not None and self.split not in MODES:
+            raise ValueError(f"unknown miss split {self.split!r}; choose one of {', '.join(MODES)}")
+        if self.cache is not None:
+            parse_cache_spec(self.cache)
+        if self.ratio is not None and not self.ratio > 0:
+            raise ValueError(f"split ratio must be > 0, got {self.ratio}")
+        if self.eta < 0 or self.log_every < 0:
+            raise ValueError("eta and log_every must be >= 0")
+
+
+def parse_cache_spec(spec: str) -> tuple[str, float]:
+    """``"96"`` -> ``("slots", 96)``, ``"0.25"`` -> ``("fraction", 0.25)``,
+    ``"2GiB"`` -> ``("bytes", 2147483648)``.
+
+    Raises:
+        ValueError: anything else (zero slots, a fraction above 1, an unknown unit).
+    """
+    text = str(spec).strip()
+    if _INT.match(text):
+        if int(text) < 1:
+            raise ValueError(f"invalid --moe-cache-slots {spec!r}: need at least 1 slot")
+        return "slots", int(text)
+    if _FRACTION.match(text) and text != ".":
+        value = float(text)
+        if not 0 < value <= 1:
+            raise ValueError(f"invalid --moe-cache-slots {spec!r}: a fraction must be in (0, 1]")
+        return "fraction", value
+    try:
+        return "bytes", parse_bytes(text)
+    except ValueError:
+        raise ValueError(f"invalid --moe-cache-slots {spec!r}: give slots (96), a fraction of all "
+                         "experts (0.25) or a size (2GiB)") from None
+
+
+def resolve_slots(spec: str | None, slot_bytes: int, num_ids: int,
+                  default_bytes: int | None = None) -> int:
+    """Slots for a cache spec, clamped to ``[1, N]``.
+
+    Args:
+        spec: see :func:`parse_cache_spec`; None uses ``default_bytes`` when given, else
+            :data:`DEFAULT_CPU_FRACTION` of N.
+        slot_bytes: bytes of one slot.
+        num_ids: N, all experts.
+        default_bytes: device budget for the cache when no spec is given.
+    """
+    if spec is None:
+        if default_bytes is not None:
+            return max(1, min(num_ids, default_bytes // slot_bytes))
+        return max(1, round(DEFAULT_CPU_FRACTION * num_ids))
+    kind, value = parse_cache_spec(spec)
+    if kind == "slots":
+        slots = int(value)
+    elif kind == "fraction":
+        slots = round(value * num_ids)
+    else:
+        slots = int(value) // slot_bytes
+    return max(1, min(num_ids, slots))
+
+
+def device_free_bytes(device: torch.device) -> int | None:
+    """Free bytes on a CUDA device (None for other devices)."""
+    if device.type != "cuda":
+        return None
+    free, _total = torch.cuda.mem_get_info(device)
+    return int(free)
+
+
+def resolve_backend(backend: str, device: torch.device, model_bytes: int) -> str:
+    """``auto`` -> ``resident`` or ``hybrid``; other names unchanged.
+
+    Args:
+        backend: the configured backend.
+        device: the compute device.
+        model_bytes: bytes of every weight (experts included) in the compute dtype.
+    """
+    if backend != "auto":
+        return backend
+    free = device_free_bytes(device)
+    if free is None:
+        return "resident"
+    return "resident" if model_bytes <= (1 - CUDA_RESERVE_FRACTION) * free else "hybrid"

@@ -1,0 +1,123 @@
+"""Host expert banks: the source of truth for every routed expert (FreeToken paper §3.2).
+
+All routed experts of all MoE layers are normalised into two host tensors whose leading
+dimension is the flat id ``n = l * E + e`` (``l`` = MoE layer ordinal, ``e`` = expert):
+
+* ``gate_up`` ``[N, 2I, H]``: rows ``0:I`` gate_proj, ``I:2I`` up_proj (transformers v5 fused layout);
+* ``down`` ``[N, H, I]``.
+
+Row ``n`` of both banks is one complete expert. The checkpoint loader copies each HF tensor
+``model.layers.{i}.mlp.experts.{e}.{gate,up,down}_proj.weight`` straight into its bank row
+(:meth:`ExpertBanks.weight_targets`), so no per-layer copy ever exists. After loading, the banks
+are page-locked when a CUDA device is present (in place with ``cudaHostRegister``, else by one
+copy; never before filling), so cache fills can be asynchronous DMA; when pinning fails they stay
+pageable and everything still works.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from freetoken.models.loader import WeightTarget
+
+logger = logging.getLogger("freetoken.offload")
+
+
+class ExpertBanks:
+    """Host banks of ``N = num_layers * num_experts`` routed experts.
+
+    Args:
+        num_layers: L, MoE layers.
+        num_experts: E, routed experts per MoE layer.
+        hidden: H.
+        intermediate: I (``moe_intermediate_size``).
+        dtype: bank dtype (``torch.bfloat16`` or ``torch.float32``).
+
+    Attributes:
+        gate_up: ``[N, 2I, H]`` host tensor.
+        down: ``[N, H, I]`` host tensor.
+        pinned: True once page-locked.
+
+    Raises:
+        ValueError: a non-positive size or an unsupported dtype.
+    """
+
+    def __init__(self, num_layers: int, num_experts: int, hidden: int, intermediate: int,
+                 dtype: torch.dtype) -> None:
+        if min(num_layers, num_experts, hidden, intermediate) < 1:
+            raise ValueError(f"bank sizes must be positive: L={num_layers} E={num_experts} "
+                             f"H={hidden} I={intermediate}")
+        if dtype not in (torch.bfloat16, torch.float32):
+            raise ValueError(f"unsupported bank dtype {dtype}; supported: bfloat16, float32")
+        self.num_layers, self.num_experts = num_layers, num_experts
+        self.hidden, self.intermediate = hidden, intermediate
+        self.dtype = dtype
+        n = num_layers * num_experts
+        self.gate_up = torch.empty(n, 2 * intermediate, hidden, dtype=dtype)
+        self.down = torch.empty(n, hidden, intermediate, dtype=dtype)
+        self.pinned = False
+
+    @property
+    def num_ids(self) -> int:
+        """N = L * E flat expert ids."""
+        return self.gate_up.shape[0]
+
+    @property
+    def expert_bytes(self) -> int:
+        """Bytes of one expert in the banks (``3 * I * H * element size``)."""
+        return 3 * self.intermediate * self.hidden * self.gate_up.element_size()
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of all banks."""
+        return self.num_ids * self.expert_bytes
+
+    def flat_id(self, layer: int, expert: int) -> int:
+        """``layer * E + expert``."""
+        return layer * self.num_experts + expert
+
+    def weight_targets(self, layer: int, prefix: str) -> dict[str, WeightTarget]:
+        """HF names ``{prefix}{e}.{gate,up,down}_proj.weight`` of MoE layer ``layer`` -> bank rows.
+
+        Raises:
+            IndexError: ``layer`` outside ``[0, L)``.
+        """
+        if not 0 <= layer < self.num_layers:
+            raise IndexError(f"MoE layer {layer} outside [0, {self.num_layers})")
+        i = self.intermediate
+        targets = {}
+        for e in range(self.num_experts):
+            n = self.flat_id(layer, e)
+            targets[f"{prefix}{e}.gate_proj.weight"] = WeightTarget(self.gate_up[n, :i])
+            targets[f"{prefix}{e}.up_proj.weight"] = WeightTarget(self.gate_up[n, i:])
+            targets[f"{prefix}{e}.down_proj.weight"] = WeightTarget(self.down[n])
+        return targets
+
+    def pin(self) -> bool:
+        """Page-lock the banks (call once, after they are filled). Returns :attr:`pinned`.
+
+        Without CUDA there is nothing to pin for and the banks stay pageable. With CUDA it first
+        registers the existing memory in place (no copy); if that fails it tries one copy into
+        pinned memory; if that fails too (e.g. the locked-memory limit) it logs a warning and
+        keeps the pageable banks.
+        """
+        if self.pinned or not torch.cuda.is_available():
+            return self.pinned
+        try:
+            cudart = torch.cuda.cudart()
+            for bank in (self.gate_up, self.down):
+                code = cudart.cudaHostRegister(bank.data_ptr(), bank.nbytes, 0)
+                if int(code) != 0:
+                    raise RuntimeError(f"cudaHostRegister returned {code}")
+            self.pinned = True
+        except Exception as exc:  # noqa: BLE001 - fall back to a copy, then to pageable
+            logger.info("in-place pinning failed (%s); trying a pinned copy", exc)
+            try:
+                self.gate_up = self.gate_up.pin_memory()
+                self.down = self.down.pin_memory()
+                self.pinned = True
+            except Exception as exc2:  # noqa: BLE001
+                logger.warning("could not pin the expert banks (%s); fills stay synchronous", exc2)
+        return self.pinned

@@ -1,0 +1,128 @@
+"""Loading a checkpoint with its routed experts offloaded (``--moe-backend offload|cpu|hybrid``).
+
+The model is built on the device with an :class:`OffloadedExperts` stand-in in every MoE block;
+the loader copies each expert tensor straight into its row of the host :class:`ExpertBanks`, the
+banks are pinned after filling, then the device cache is sized, preloaded with a uniform hot set
+(``policies.uniform_hot_set``) and wired to every block through one :class:`OffloadRuntime`.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import nn
+
+from freetoken.models.config import ModelConfig
+from freetoken.models.decoder import DecoderLM
+from freetoken.models.loader import Checkpoint, WeightTarget, load_weights
+from freetoken.offload.backend import (
+    CUDA_RESERVE_FRACTION,
+    SPLIT_OF_BACKEND,
+    MoeConfig,
+    device_free_bytes,
+    resolve_backend,
+    resolve_slots,
+)
+from freetoken.offload.banks import ExpertBanks
+from freetoken.offload.cache import ExpertCache
+from freetoken.offload.policies import uniform_hot_set
+from freetoken.offload.runtime import OffloadRuntime
+from freetoken.offload.scores import make_scores
+from freetoken.offload.split import MissSplit
+
+logger = logging.getLogger("freetoken.offload")
+DEFAULT_RATIO = 0.5  # B_P / B_H without a profile
+
+
+class OffloadedExperts(nn.Module):
+    """The routed experts of one MoE layer, served by the offload runtime (no parameters).
+
+    Args:
+        banks: host banks holding this layer's experts at rows ``moe_layer * E + e``.
+        moe_layer: MoE layer ordinal.
+
+    Attributes:
+        runtime: set once the runtime exists (after weights are loaded).
+    """
+
+    def __init__(self, banks: ExpertBanks, moe_layer: int) -> None:
+        super().__init__()
+        self.banks, self.moe_layer = banks, moe_layer
+        self.runtime: OffloadRuntime | None = None
+
+    def weight_targets(self, prefix: str) -> dict[str, WeightTarget]:
+        """HF expert tensor names -> this layer's bank rows."""
+        return self.banks.weight_targets(self.moe_layer, prefix)
+
+    def forward(self, x: torch.Tensor, topk_ids: torch.Tensor,
+                topk_weights: torch.Tensor) -> torch.Tensor:
+        """``[T, H]``, ``[T, k]``, ``[T, k]`` -> ``[T, H]`` via :meth:`OffloadRuntime.forward`."""
+        return self.runtime.forward(self.moe_layer, x, topk_ids, topk_weights)
+
+
+def model_bytes(model_cls: type[DecoderLM], config: ModelConfig, dtype: torch.dtype) -> int:
+    """Bytes of every parameter (experts included) in ``dtype``, from a meta-device build."""
+    meta = model_cls(config, dtype=dtype, device="meta")
+    return sum(p.numel() * p.element_size() for p in meta.parameters())
+
+
+def bank_dtype(checkpoint: Checkpoint, dtype: torch.dtype, first_expert: str) -> torch.dtype:
+    """bf16 banks when computing in bf16 or when the experts are stored in bf16 (lossless);
+    fp32 otherwise."""
+    if dtype == torch.bfloat16 or checkpoint.dtype(first_expert) == "BF16":
+        return torch.bfloat16
+    return torch.float32
+
+
+def build_offloaded(model_cls: type[DecoderLM], config: ModelConfig, checkpoint: Checkpoint,
+                    dtype: torch.dtype, device: str | torch.device, moe: MoeConfig,
+                    bandwidths: tuple[float, float] | None = None) -> DecoderLM | None:
+    """Build and load ``model_cls`` with offloaded experts, or return None for ``resident``.
+
+    Args:
+        model_cls, config, checkpoint: what to build and from where.
+        dtype: compute dtype; device: compute device.
+        moe: backend settings (``auto`` resolved here).
+        bandwidths: profiled ``(B_P, B_H)`` GB/s for the hybrid split, or None.
+
+    Raises:
+        ValueError: checkpoint mismatch (see ``loader.load_weights``) or a bad cache spec.
+    """
+    device = torch.device(device)
+    backend = resolve_backend(moe.backend, device, model_bytes(model_cls, config, dtype))
+    if backend == "resident":
+        return None
+    num_layers = sum(config.is_moe_layer(i) for i in range(config.num_hidden_layers))
+    first = next(i for i in range(config.num_hidden_layers) if config.is_moe_layer(i))
+    bdtype = bank_dtype(checkpoint, dtype, f"model.layers.{first}.mlp.experts.0.gate_proj.weight")
+    banks = ExpertBanks(num_layers, config.num_experts, config.hidden_size,
+                        config.moe_intermediate_size, bdtype)
+    stand_ins: list[OffloadedExperts] = []
+
+    def factory(_layer: int, moe_layer: int) -> OffloadedExperts:
+        stand_ins.append(OffloadedExperts(banks, moe_layer))
+        return stand_ins[-1]
+
+    model = model_cls(config, dtype=dtype, device=device, experts_factory=factory)
+    load_weights(checkpoint, model.weight_targets())
+    banks.pin()
+    slot_bytes = 3 * banks.hidden * banks.intermediate * torch.empty(0, dtype=dtype).element_size()
+    free = device_free_bytes(device)
+    budget = int(free * (1 - CUDA_RESERVE_FRACTION)) if free is not None else None
+    slots = resolve_slots(moe.cache, slot_bytes, banks.num_ids, budget)
+    cache = ExpertCache(banks, slots, device, dtype, make_scores(moe.policy, banks.num_ids, device))
+    ratio = moe.ratio or (bandwidths[0] / bandwidths[1] if bandwidths else DEFAULT_RATIO)
+    split = MissSplit(moe.split or SPLIT_OF_BACKEND[backend], ratio, moe.eta)
+    runtime = OffloadRuntime(banks, cache, split, backend, bandwidths, moe.log_every)
+    if moe.preload:
+        hot = uniform_hot_set(num_layers, config.num_experts, slots)
+        cache.preload(torch.from_numpy(hot))
+    for stand_in in stand_ins:
+        stand_in.runtime = runtime
+    model.moe_runtime = runtime
+    logger.info("moe backend %s: %d of %d experts cached on %s (%.1f MiB), banks %.1f MiB %s%s",
+                backend, slots, banks.num_ids, device, slots * slot_bytes / 2**20,
+                banks.nbytes / 2**20, str(bdtype).removeprefix("torch."),
+                " pinned" if banks.pinned else "")
+    return model

@@ -1,0 +1,165 @@
+"""The offloaded MoE layer output equals the dense reference (issue 3, acceptance "Exactness").
+
+For every backend (all-fill, all-CPU, q* split, static split), cache sizes from 1 slot to the
+whole pool, and every forced q from 1 to m, ``OffloadRuntime.forward`` must match the resident
+computation: fp32 max abs error <= 1e-5 of the output scale; bf16 within its tolerance.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from freetoken.models.moe_forward import grouped_swiglu
+from freetoken.offload.banks import ExpertBanks
+from freetoken.offload.cache import ExpertCache
+from freetoken.offload.runtime import OffloadRuntime
+from freetoken.offload.scores import make_scores
+from freetoken.offload.split import MissSplit
+from freetoken.ops.cpu_moe import relative_rms_error
+
+L, E, H, I, K = 2, 8, 40, 24, 3  # odd-ish sizes; N = 16 experts
+
+
+class ForcedSplit:
+    """Fills exactly ``min(q, m, free)`` misses."""
+
+    ratio = 1.0
+
+    def __init__(self, q: int) -> None:
+        self.q = q
+
+    def choose(self, m: int, free: int) -> int:
+        return min(self.q, m, free)
+
+    def observe(self, *args) -> None:
+        pass
+
+
+def make_banks(seed: int = 0) -> ExpertBanks:
+    banks = ExpertBanks(L, E, H, I, torch.bfloat16)
+    gen = torch.Generator().manual_seed(seed)
+    banks.gate_up.copy_(torch.randn(banks.gate_up.shape, generator=gen) * 0.2)
+    banks.down.copy_(torch.randn(banks.down.shape, generator=gen) * 0.2)
+    return banks
+
+
+def make_runtime(banks, slots, split, dtype=torch.float32, policy="lru", preload=()):
+    scores = make_scores(policy, banks.num_ids, torch.device("cpu"))
+    cache = ExpertCache(banks, slots, torch.device("cpu"), dtype, scores)
+    if preload:
+        cache.preload(torch.tensor(preload))
+    return OffloadRuntime(banks, cache, split, "test")
+
+
+def routing(t: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(t, H, generator=gen)
+    ids = torch.stack([torch.randperm(E, generator=gen)[:K] for _ in range(t)])
+    w = torch.softmax(torch.randn(t, K, generator=gen), dim=-1)
+    return x, ids, w
+
+
+def dense(banks, layer, x, ids, w):
+    rows = slice(layer * E, (layer + 1) * E)
+    return grouped_swiglu(x.float(), ids, w.float(), banks.gate_up[rows].float(),
+                          banks.down[rows].float())
+
+
+def check_fp32(out, ref):
+    scale = ref.abs().max().item()
+    assert (out - ref).abs().max().item() <= 1e-5 * scale
+
+
+def run_steps(runtime, banks, steps):
+    for layer, x, ids, w in steps:
+        runtime.begin_step()
+        out = runtime.forward(layer, x, ids, w)
+        runtime.end_step()
+        check_fp32(out, dense(banks, layer, x, ids, w))
+        runtime.cache.check_invariants()
+
+
+STEPS = [(l, *routing(t, seed)) for seed, (l, t) in enumerate(
+    [(0, 1), (1, 1), (0, 5), (1, 33), (0, 1), (1, 1), (0, 2), (1, 7)])]
+
+
+@pytest.mark.parametrize("mode", ["all-fill", "all-cpu", "split", "static"])
+@pytest.mark.parametrize("slots", [1, 2, 5, 11, 16])
+def test_every_backend_and_cache_size_matches_dense(mode, slots):
+    banks = make_banks()
+    runtime = make_runtime(banks, slots, MissSplit(mode, ratio=0.5), preload=[3, 9][:slots])
+    run_steps(runtime, banks, STEPS)
+    s = runtime.stats()
+    assert sum(l.hits + l.misses for l in s.layers) > 0
+    if mode == "all-cpu":
+        assert sum(l.fills for l in s.layers) == 0
+    if mode == "all-fill" and slots == 16:
+        assert sum(l.cpu_experts for l in s.layers) == 0
+
+
+def test_every_forced_q_matches_dense():
+    banks = make_banks(1)
+    layer, x, ids, w = 1, *routing(9, 99)
+    m = int(torch.unique(ids).numel())
+    assert m >= 5
+    ref = dense(banks, layer, x, ids, w)
+    for q in range(1, m + 1):
+        runtime = make_runtime(banks, 16, ForcedSplit(q))
+        out = runtime.forward(layer, x, ids, w)
+        check_fp32(out, ref)
+        s = runtime.stats().layers[layer]
+        assert (s.misses, s.fills, s.cpu_experts) == (m, q, m - q)
+
+
+def test_tiny_cache_evicts_every_step_and_stays_exact():
+    banks = make_banks(2)
+    runtime = make_runtime(banks, 1, MissSplit("all-fill"))
+    steps = [(l % 2, *routing(1, 100 + l)) for l in range(12)]
+    run_steps(runtime, banks, steps)
+    s = runtime.stats()
+    assert sum(l.evictions for l in s.layers) >= 11
+
+
+def test_resize_between_steps_stays_exact():
+    banks = make_banks(3)
+    runtime = make_runtime(banks, 4, MissSplit("split", ratio=0.5))
+    run_steps(runtime, banks, STEPS[:4])
+    runtime.resize_expert_cache(2 * runtime.cache.slot_bytes + 5)
+    assert runtime.stats().pending_resize_bytes == 2 * runtime.cache.slot_bytes + 5
+    assert runtime.cache.num_slots == 4  # not before the step boundary
+    run_steps(runtime, banks, STEPS[4:])
+    assert runtime.cache.num_slots == 2
+    assert runtime.stats().pending_resize_bytes is None
+    result = runtime.resize_now(10**12)
+    assert (result.old_slots, result.new_slots) == (2, 16)
+    run_steps(runtime, banks, STEPS)
+    with pytest.raises(ValueError, match="expert cache size must be a positive number of bytes"):
+        runtime.resize_expert_cache(0)
+
+
+@pytest.mark.parametrize("mode", ["all-fill", "all-cpu", "split"])
+def test_bf16_within_tolerance(mode):
+    banks = make_banks(4)
+    runtime = make_runtime(banks, 5, MissSplit(mode, ratio=0.5), dtype=torch.bfloat16)
+    for layer, x, ids, w in STEPS:
+        out = runtime.forward(layer, x.bfloat16(), ids, w.bfloat16())
+        assert out.dtype == torch.bfloat16
+        ref = dense(banks, layer, x.bfloat16(), ids, w.bfloat16())
+        assert relative_rms_error(ref, out.float()) < 1e-2
+
+
+def test_split_learns_from_branch_times():
+    split = MissSplit("split", ratio=0.5, eta=0.5)
+    assert split.choose(8, 100) == 4
+    split.observe(4, 8, device_s=1.0, cpu_s=3.0)  # CPU finished last: fill more
+    assert split.ratio > 0.5 and split.choose(8, 100) == 5
+    for _ in range(40):
+        split.observe(8, 8, device_s=2.0, cpu_s=0.0)  # device last: fill less
+    assert split.choose(8, 100) == 1  # clamped to at least one fill
+    assert split.choose(0, 100) == 0 and split.choose(8, 0) == 0
+    static = MissSplit("static", ratio=0.5)
+    static.observe(4, 8, 1.0, 3.0)
+    assert static.ratio == 0.5
+    with pytest.raises(ValueError, match="unknown miss split 'x'"):
+        MissSplit("x")
