@@ -1,6 +1,6 @@
 """Builds the C++ CPU expert kernel ``freetoken.ops.cpu_moe._ext`` (run by csrc/build_backend.py).
 
-Each ISA variant (``csrc/src/rows_dot_<isa>.cpp``) is compiled with its own ``-m`` flags and every
+Each ISA variant (``csrc/src/rows_<kind>_<isa>.cpp``) is compiled with its own ``-m`` flags and every
 other file with none, so the module imports on any x86-64 CPU and picks a variant at runtime.
 """
 
@@ -17,7 +17,8 @@ CSRC = Path("csrc")
 X86 = platform.machine().lower() in {"x86_64", "amd64", "i686", "i386"}
 # Per-file flags, keyed by source file stem.
 ISA_FLAGS = {
-    "rows_dot_avx2": ["-mavx2", "-mfma"],
+    "rows_dot_avx2": ["-mavx2", "-mfma", "-mf16c"],
+    "rows_q4_avx2": ["-mavx2", "-mfma", "-mf16c"],
     "rows_dot_avx512_bf16": ["-mavx2", "-mfma", "-mavx512f", "-mavx512bw", "-mavx512vl",
                              "-mavx512bf16"],
 }

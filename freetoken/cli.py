@@ -1,4 +1,4 @@
-"""The ``freetoken`` command line: ``serve`` and ``make-tiny``."""
+"""The ``freetoken`` command line: ``serve``, ``make-tiny`` and ``ctl``."""
 
 from __future__ import annotations
 
@@ -41,6 +41,33 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
                    help="compute dtype (default float32)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    _add_moe_options(p)
+
+
+def _add_moe_options(p: argparse.ArgumentParser) -> None:
+    from freetoken.offload.control import MOE_BACKENDS
+    from freetoken.offload.scores import POLICIES
+
+    g = p.add_argument_group("MoE offload (routed experts in host memory, a device expert cache)")
+    g.add_argument("--device", default="cpu",
+                   help="compute device: cpu (default) or cuda[:i]")
+    g.add_argument("--moe-backend", choices=MOE_BACKENDS, default="auto",
+                   help="resident: all experts on the device; offload: every cache miss filled; "
+                        "cpu: every miss run on the CPU kernel; hybrid: the q* split; auto "
+                        "(default): resident when the model fits the device, else hybrid")
+    g.add_argument("--moe-cache-slots", default=None, metavar="SIZE",
+                   help="expert cache size: slots (96), a fraction of all experts (0.25) or bytes "
+                        "(2GiB); default 25%% on cpu, free memory less a reserve on cuda")
+    g.add_argument("--moe-policy", choices=POLICIES, default="lru",
+                   help="expert cache eviction policy (default lru)")
+    g.add_argument("--moe-profile", type=Path, default=None, metavar="FILE",
+                   help="B_P/B_H profile from `freetoken profile` (default: the stored profile of "
+                        "this model and device, measured at start-up when missing)")
+    g.add_argument("--moe-log-every", type=_int_at_least(0), default=0, metavar="STEPS",
+                   help="log an expert-cache summary every STEPS engine steps (0: never)")
+    g.add_argument("--record-routing", type=Path, default=None, metavar="FILE",
+                   help="record every MoE layer's top-k expert ids to FILE (.npz, the format of "
+                        "shared/routing) for policy replay; written at shutdown")
 
 
 def _add_make_tiny(sub: argparse._SubParsersAction) -> None:
@@ -51,12 +78,44 @@ def _add_make_tiny(sub: argparse._SubParsersAction) -> None:
     p.add_argument("out_dir", type=Path)
 
 
+def _add_profile(sub: argparse._SubParsersAction) -> None:
+    from freetoken.profile_cli import add_profile
+
+    add_profile(sub)
+
+
+def _size(text: str) -> int:
+    """argparse ``type`` for a byte size (``2GiB``, ``512MiB``, ``1048576``)."""
+    from freetoken.offload.control import parse_bytes
+
+    try:
+        return parse_bytes(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _add_ctl(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("ctl", help="inspect or control a running server")
+    ctl = p.add_subparsers(dest="ctl_command", required=True)
+    memory = ctl.add_parser("memory", help="show the expert cache, or resize it with --expert-cache")
+    memory.add_argument("--expert-cache", type=_size, default=None, metavar="SIZE",
+                        help="resize the expert cache now to SIZE (e.g. 2GiB, 1.5GB, 512MiB)")
+    metrics = ctl.add_parser("metrics", help="print the server's Prometheus /metrics page")
+    for c in (memory, metrics):
+        c.add_argument("--server", default=None,
+                       help="server URL (default $FREETOKEN_URL or http://127.0.0.1:8000)")
+        c.add_argument("--api-key", default=None,
+                       help="the server's API key (default $FREETOKEN_API_KEY)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argparse tree of every ``freetoken`` sub-command."""
     parser = argparse.ArgumentParser(prog="freetoken", description="FreeToken MoE serving engine")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_serve(sub)
     _add_make_tiny(sub)
+    _add_ctl(sub)
+    _add_profile(sub)
     return parser
 
 
@@ -67,6 +126,14 @@ def main(argv: list[str] | None = None) -> int:
         from freetoken.launch import serve
 
         return serve(args)
+    if args.command == "profile":
+        from freetoken.profile_cli import run_profile
+
+        return run_profile(args)
+    if args.command == "ctl":
+        from freetoken.ctl import run_ctl
+
+        return run_ctl(args)
     if args.command == "make-tiny":
         from freetoken.models.tiny import make_tiny
 

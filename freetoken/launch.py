@@ -16,6 +16,9 @@ ENDPOINTS = (
     ("POST", "/v1/messages", "Anthropic messages"),
     ("POST", "/v1/messages/count_tokens", "Anthropic token count"),
     ("GET", "/health", "health check"),
+    ("GET", "/metrics", "Prometheus metrics"),
+    ("GET", "/v1/freetoken/memory", "expert cache size"),
+    ("POST", "/v1/freetoken/memory", "resize the expert cache"),
 )
 
 
@@ -71,6 +74,54 @@ def base_url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
+def moe_settings(args: argparse.Namespace, path: Path):
+    """``(MoeConfig, (B_P, B_H) GB/s or None)`` from the serve flags.
+
+    The bandwidths come from ``--moe-profile``, else from the stored profile of this model and
+    device; when the hybrid split may be used and no profile exists, a quick one (about 1 s) is
+    measured now and stored (``freetoken profile`` measures longer).
+
+    Raises:
+        ValueError: bad MoE flags, an unavailable device, or a corrupt profile file.
+    """
+    import torch
+
+    from freetoken.offload.backend import MoeConfig
+
+    device = torch.device(args.device)
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"--device must be cpu or cuda[:i], got {args.device!r}")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is available to torch")
+    moe = MoeConfig(backend=args.moe_backend, cache=args.moe_cache_slots, policy=args.moe_policy,
+                    log_every=args.moe_log_every)
+    may_split = args.moe_backend == "hybrid" or (args.moe_backend == "auto" and device.type == "cuda")
+    if args.moe_profile is None and not may_split:
+        return moe, None
+    from freetoken.models.config import ModelConfig
+    from freetoken.offload.loading import planned_bank_dtype
+    from freetoken.offload.profile import (
+        default_profile_path,
+        load_profile,
+        measure_profile,
+        save_profile,
+    )
+
+    bank = planned_bank_dtype(path, args.dtype)
+    file = args.moe_profile or default_profile_path(path, device.type, bank)
+    profile = load_profile(file)
+    if profile is None and args.moe_profile is not None:
+        raise ValueError(f"--moe-profile {file} does not exist")
+    if profile is None:
+        _say("no MoE profile for this model and device yet: measuring B_P and B_H (~1 s)")
+        profile = measure_profile(ModelConfig.from_file(path), device=device.type,
+                                  bank_dtype=bank, seconds=1.0, model=str(path))
+        save_profile(profile, file)
+    _say(f"MoE profile {file}: B_P {profile.bandwidth_p_gbps:.1f} GB/s, "
+         f"B_H {profile.bandwidth_h_gbps:.1f} GB/s, B_P/B_H {profile.ratio:.3f}")
+    return moe, (profile.bandwidth_p_gbps, profile.bandwidth_h_gbps)
+
+
 def serve(args: argparse.Namespace) -> int:
     """Run the server until interrupted; returns the exit status.
 
@@ -101,10 +152,12 @@ def serve(args: argparse.Namespace) -> int:
         return 2
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
     started = time.perf_counter()
-    _say(f"loading {path} ({args.dtype}, cpu)")
+    _say(f"loading {path} ({args.dtype}, {args.device})")
     try:
-        engine = AsyncEngine.from_pretrained(path, dtype=dtype, device="cpu",
-                                             max_model_len=args.max_model_len, progress=_say)
+        moe, bandwidths = moe_settings(args, path)
+        engine = AsyncEngine.from_pretrained(
+            path, dtype=dtype, device=args.device, max_model_len=args.max_model_len,
+            progress=_say, moe=moe, bandwidths=bandwidths, record_routing=args.record_routing)
     except (FileNotFoundError, ValueError) as exc:
         sock.close()
         _say(f"error: cannot load {path}: {exc}")
@@ -120,6 +173,8 @@ def serve(args: argparse.Namespace) -> int:
     server = uvicorn.Server(uvicorn.Config(app, log_level=args.log_level))
     try:
         server.run(sockets=[sock])
+    except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C after a graceful shutdown
+        _say("stopped")
     finally:
         sock.close()
         close = getattr(engine, "shutdown", None)

@@ -9,6 +9,7 @@
 #include <stdexcept>
 
 #include "freetoken/moe.h"
+#include "bank_args.h"
 #include "tensor_arg.h"
 
 namespace freetoken::bindings {
@@ -65,27 +66,29 @@ Isa resolve_isa(const std::optional<std::string>& requested) {
 // The pending result of one submit(); holds every tensor the kernel reads or writes.
 class MoeHandle {
  public:
-  MoeHandle(std::shared_future<void> fut, std::vector<py::object> keep, py::object out)
-      : fut_(std::move(fut)), keep_(std::move(keep)), out_(std::move(out)) {}
+  MoeHandle(MoeTicket ticket, std::vector<py::object> keep, py::object out)
+      : ticket_(std::move(ticket)), keep_(std::move(keep)), out_(std::move(out)) {}
   ~MoeHandle() {
     // The kernel may still read the kept tensors: finish before they can be freed.
     py::gil_scoped_release release;
-    if (fut_.valid()) fut_.wait();
+    if (ticket_.done.valid()) ticket_.done.wait();
   }
   py::object wait() {
     {
       py::gil_scoped_release release;
-      fut_.wait();
+      ticket_.done.wait();
     }
-    fut_.get();  // rethrows a kernel error
+    ticket_.done.get();  // rethrows a kernel error
     return out_;
   }
   bool done() const {
-    return fut_.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+    return ticket_.done.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
   }
+  // Wall seconds the job ran on the pool; -1.0 while it is not done (never blocks).
+  double seconds() const { return done() ? *ticket_.seconds : -1.0; }
 
  private:
-  std::shared_future<void> fut_;
+  MoeTicket ticket_;
   std::vector<py::object> keep_;
   py::object out_;
 };
@@ -95,24 +98,24 @@ std::vector<int64_t> copy_i64(const TensorArg& t) {
   return std::vector<int64_t>(p, p + t.shape[0]);
 }
 
-std::unique_ptr<MoeHandle> submit(const py::handle& x, const py::handle& token_ids, const py::handle& expert_ids,
-                  const py::handle& weights, const py::handle& gate_up, const py::handle& down,
-                  const std::optional<std::string>& isa) {
+// Checks x, the routing and the two banks' agreement, then queues the problem.
+std::unique_ptr<MoeHandle> submit_checked(const py::handle& x, const py::handle& token_ids,
+                                          const py::handle& expert_ids, const py::handle& weights,
+                                          BankArg gu, BankArg dn,
+                                          const std::optional<std::string>& isa) {
   TensorArg xa = check_tensor(x, "x", "[T, H]", 2, {"float32", "bfloat16"});
   TensorArg ta = check_tensor(token_ids, "token_ids", "[P]", 1, {"int64"});
   TensorArg ea = check_tensor(expert_ids, "expert_ids", "[P]", 1, {"int64"});
   TensorArg wa = check_tensor(weights, "weights", "[P]", 1, {"float32"});
-  TensorArg gu = check_tensor(gate_up, "gate_up", "[N, 2I, H]", 3, {"bfloat16"});
-  TensorArg dn = check_tensor(down, "down", "[N, H, I]", 3, {"bfloat16"});
   if (ta.shape[0] != ea.shape[0] || ta.shape[0] != wa.shape[0]) {
     throw py::value_error("token_ids, expert_ids and weights must have the same length, got " +
                           shape_str(ta.shape) + ", " + shape_str(ea.shape) + ", " +
                           shape_str(wa.shape));
   }
-  const int64_t n = dn.shape[0], h = dn.shape[1], i = dn.shape[2];
-  if (gu.shape[0] != n || gu.shape[1] != 2 * i || gu.shape[2] != h) {
-    throw py::value_error("gate_up " + shape_str(gu.shape) + " does not match down " +
-                          shape_str(dn.shape) + ": expected gate_up [N, 2I, H] = " +
+  const int64_t n = dn.logical[0], h = dn.logical[1], i = dn.logical[2];
+  if (gu.logical != std::vector<int64_t>{n, 2 * i, h}) {
+    throw py::value_error("gate_up " + shape_str(gu.logical) + " does not match down " +
+                          shape_str(dn.logical) + ": expected gate_up [N, 2I, H] = " +
                           shape_str({n, 2 * i, h}));
   }
   if (xa.shape[1] != h) {
@@ -127,8 +130,8 @@ std::unique_ptr<MoeHandle> submit(const py::handle& x, const py::handle& token_i
   p.hidden = h;
   p.intermediate = i;
   p.num_experts = n;
-  p.gate_up = static_cast<const uint16_t*>(gu.data);
-  p.down = static_cast<const uint16_t*>(dn.data);
+  p.gate_up = gu.bank;
+  p.down = dn.bank;
   p.token_ids = copy_i64(ta);
   p.expert_ids = copy_i64(ea);
   const auto* wp = static_cast<const float*>(wa.data);
@@ -143,14 +146,43 @@ std::unique_ptr<MoeHandle> submit(const py::handle& x, const py::handle& token_i
   py::object out = torch.attr("empty")(py::make_tuple(p.num_tokens, h),
                                        py::arg("dtype") = torch.attr("float32"));
   p.out = reinterpret_cast<float*>(out.attr("data_ptr")().cast<uintptr_t>());
+  std::vector<py::object> keep{xa.obj};
+  keep.insert(keep.end(), gu.keep.begin(), gu.keep.end());
+  keep.insert(keep.end(), dn.keep.begin(), dn.keep.end());
   MoeRunner& r = runner();
-  std::shared_future<void> fut;
+  MoeTicket ticket;
   {
     py::gil_scoped_release release;
-    fut = r.submit(std::move(p));
+    ticket = r.submit(std::move(p));
   }
-  return std::make_unique<MoeHandle>(std::move(fut), std::vector<py::object>{xa.obj, gu.obj, dn.obj},
-                                     out);
+  return std::make_unique<MoeHandle>(std::move(ticket), std::move(keep), out);
+}
+
+// Dense banks: the format follows the dtype (bfloat16 or float32, the same for both banks).
+std::unique_ptr<MoeHandle> submit(const py::handle& x, const py::handle& token_ids,
+                                  const py::handle& expert_ids, const py::handle& weights,
+                                  const py::handle& gate_up, const py::handle& down,
+                                  const std::optional<std::string>& isa) {
+  TensorArg gu = check_tensor(gate_up, "gate_up", "[N, 2I, H]", 3, {"float32", "bfloat16"});
+  TensorArg dn = check_tensor(down, "down", "[N, H, I]", 3, {"float32", "bfloat16"});
+  if (gu.dtype != dn.dtype) {
+    throw py::value_error("gate_up and down must have the same dtype, got " + gu.dtype +
+                          " and " + dn.dtype);
+  }
+  const std::string format = gu.is_bf16 ? "bf16" : "fp32";
+  return submit_checked(x, token_ids, expert_ids, weights,
+                        check_bank(format, py::make_tuple(gate_up), "gate_up", "[N, 2I, H]"),
+                        check_bank(format, py::make_tuple(down), "down", "[N, H, I]"), isa);
+}
+
+std::unique_ptr<MoeHandle> submit_banks(const py::handle& x, const py::handle& token_ids,
+                                        const py::handle& expert_ids, const py::handle& weights,
+                                        const std::string& format, const py::tuple& gate_up,
+                                        const py::tuple& down,
+                                        const std::optional<std::string>& isa) {
+  return submit_checked(x, token_ids, expert_ids, weights,
+                        check_bank(format, gate_up, "gate_up", "[N, 2I, H]"),
+                        check_bank(format, down, "down", "[N, H, I]"), isa);
 }
 
 }  // namespace
@@ -158,10 +190,16 @@ std::unique_ptr<MoeHandle> submit(const py::handle& x, const py::handle& token_i
 void bind_moe(py::module_& m) {
   py::class_<MoeHandle>(m, "MoeHandle", "Pending CPU MoE result; wait() returns out [T, H] fp32.")
       .def("wait", &MoeHandle::wait, "Block (GIL released) until done; return out [T, H] fp32.")
-      .def("done", &MoeHandle::done, "True when the result is ready (never blocks).");
+      .def("done", &MoeHandle::done, "True when the result is ready (never blocks).")
+      .def("seconds", &MoeHandle::seconds,
+           "Wall seconds the job ran on the pool (steady_clock); -1.0 until done (never blocks).");
   m.def("submit", &submit, py::arg("x"), py::arg("token_ids"), py::arg("expert_ids"),
         py::arg("weights"), py::arg("gate_up"), py::arg("down"), py::arg("isa") = py::none(),
         "Queue the SwiGLU expert MLP for (token, expert, weight) triples; returns a MoeHandle.");
+  m.def("submit_banks", &submit_banks, py::arg("x"), py::arg("token_ids"), py::arg("expert_ids"),
+        py::arg("weights"), py::arg("format"), py::arg("gate_up"), py::arg("down"),
+        py::arg("isa") = py::none(),
+        "submit() for banks in any format: gate_up / down are tuples of tensors (bank_args.h).");
   m.def("num_threads", [] { return runner().num_threads(); },
         "Worker threads of the process-wide pool (starts it).");
   m.def("physical_cores", &physical_core_count, "Physical cores in this process's affinity mask.");

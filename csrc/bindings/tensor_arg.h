@@ -17,7 +17,8 @@ namespace py = pybind11;
 struct TensorArg {
   py::object obj;              // keeps the tensor alive while the kernel reads it
   std::vector<int64_t> shape;
-  bool is_bf16 = false;        // dtype is torch.bfloat16 (else the single other allowed dtype)
+  std::string dtype;           // torch dtype name without "torch.", e.g. "bfloat16"
+  bool is_bf16 = false;        // dtype == "bfloat16"
   void* data = nullptr;
 };
 
@@ -63,6 +64,7 @@ inline TensorArg check_tensor(const py::handle& obj, const char* name, const cha
   if (!obj.attr("is_contiguous")().cast<bool>()) {
     throw py::value_error(std::string(name) + " must be contiguous");
   }
+  arg.dtype = dtype;
   arg.is_bf16 = dtype == "bfloat16";
   arg.data = reinterpret_cast<void*>(obj.attr("data_ptr")().cast<uintptr_t>());
   return arg;

@@ -27,7 +27,8 @@ std::vector<Isa> supported_isas() {
 #if defined(__x86_64__) || defined(__i386__)
   // __builtin_cpu_supports also checks that the OS saves the wide registers (XGETBV).
   __builtin_cpu_init();
-  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                    __builtin_cpu_supports("f16c");
   if (avx2) out.push_back(Isa::kAvx2);
   if (avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16")) {
@@ -39,13 +40,15 @@ std::vector<Isa> supported_isas() {
 
 Isa best_isa() { return supported_isas().back(); }
 
-RowsDotFn rows_dot_for(Isa isa) {
-  switch (isa) {
-    case Isa::kScalar: return &rows_dot_scalar;
-    case Isa::kAvx2: return &rows_dot_avx2;
-    case Isa::kAvx512Bf16: return &rows_dot_avx512_bf16;
+RowsDotFn rows_dot_for(Isa isa, WeightFormat format) {
+  const bool q4 = format == WeightFormat::kMxfp4 || format == WeightFormat::kQ4g;
+  if (isa == Isa::kScalar) {
+    if (q4) return &rows_dot_q4_scalar;
+    return format == WeightFormat::kFp32 ? &rows_dot_f32_scalar : &rows_dot_bf16_scalar;
   }
-  return &rows_dot_scalar;
+  if (isa == Isa::kAvx512Bf16 && format == WeightFormat::kBf16) return &rows_dot_bf16_avx512;
+  if (q4) return &rows_dot_q4_avx2;
+  return format == WeightFormat::kFp32 ? &rows_dot_f32_avx2 : &rows_dot_bf16_avx2;
 }
 
 }  // namespace freetoken

@@ -9,6 +9,7 @@
 #include "freetoken/moe.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <numeric>
@@ -41,6 +42,32 @@ float bf16_bits_to_f32(uint16_t bits) {
 }
 
 float silu(float g) { return g / (1.0f + expf(-g)); }
+
+// rows_dot arguments for rows [r0, r1) of expert n of bank b, whose matrices are [R, C].
+RowsDotArgs expert_rows(const WeightBank& b, int64_t n, int64_t R, int64_t C, int64_t r0,
+                        int64_t r1) {
+  RowsDotArgs a;
+  a.format = b.format;
+  a.k = C;
+  a.row_begin = r0;
+  a.row_end = r1;
+  const auto* base = static_cast<const uint8_t*>(b.values);
+  switch (b.format) {
+    case WeightFormat::kBf16: a.w = base + n * R * C * 2; break;
+    case WeightFormat::kFp32: a.w = base + n * R * C * 4; break;
+    case WeightFormat::kMxfp4:
+    case WeightFormat::kQ4g: {
+      const int64_t groups = R * (C / b.group);
+      a.w = base + n * R * (C / 2);
+      const int64_t scale_bytes = b.format == WeightFormat::kMxfp4 ? 1 : 2;
+      a.scales = static_cast<const uint8_t*>(b.scales) + n * groups * scale_bytes;
+      a.zeros = b.zeros ? b.zeros + n * groups : nullptr;
+      a.group = b.group;
+      break;
+    }
+  }
+  return a;
+}
 
 }  // namespace
 
@@ -96,7 +123,8 @@ void moe_forward(const MoeProblem& p, ThreadPool& pool) {
     x_rows[s] = x + p.token_ids[order[s]] * H;
     act_rows[s] = act.data() + s * I;
   }
-  const RowsDotFn rows_dot = rows_dot_for(p.isa);
+  const RowsDotFn dot_gate_up = rows_dot_for(p.isa, p.gate_up.format);
+  const RowsDotFn dot_down = rows_dot_for(p.isa, p.down.format);
   const int threads = pool.size();
 
   if (I > 0) {
@@ -108,9 +136,15 @@ void moe_forward(const MoeProblem& p, ThreadPool& pool) {
         const int64_t n = grp.end - grp.begin;
         g.resize(n * nj);
         u.resize(n * nj);
-        const uint16_t* w = p.gate_up + grp.expert * 2 * I * H;
-        rows_dot({w, H, H, j0, j1, x_rows.data() + grp.begin, n, g.data(), nj});
-        rows_dot({w, H, H, I + j0, I + j1, x_rows.data() + grp.begin, n, u.data(), nj});
+        for (int half = 0; half < 2; ++half) {  // gate rows [j0, j1), then up rows [I+j0, I+j1)
+          RowsDotArgs a = expert_rows(p.gate_up, grp.expert, 2 * I, H, half * I + j0,
+                                      half * I + j1);
+          a.vecs = x_rows.data() + grp.begin;
+          a.num_vecs = n;
+          a.out = half ? u.data() : g.data();
+          a.out_stride = nj;
+          dot_gate_up(a);
+        }
         for (int64_t i = 0; i < n; ++i) {
           float* a = act.data() + (grp.begin + i) * I + j0;
           for (int64_t j = 0; j < nj; ++j) a[j] = silu(g[i * nj + j]) * u[i * nj + j];
@@ -127,8 +161,12 @@ void moe_forward(const MoeProblem& p, ThreadPool& pool) {
       const int64_t n = grp.end - grp.begin;
       y.resize(n * nh);
       if (I > 0) {
-        const uint16_t* w = p.down + grp.expert * H * I;
-        rows_dot({w, I, I, h0, h1, act_rows.data() + grp.begin, n, y.data(), nh});
+        RowsDotArgs a = expert_rows(p.down, grp.expert, H, I, h0, h1);
+        a.vecs = act_rows.data() + grp.begin;
+        a.num_vecs = n;
+        a.out = y.data();
+        a.out_stride = nh;
+        dot_down(a);
       } else {
         std::fill(y.begin(), y.end(), 0.0f);
       }
@@ -154,16 +192,17 @@ MoeRunner::~MoeRunner() {
   dispatcher_.join();
 }
 
-std::shared_future<void> MoeRunner::submit(MoeProblem p) {
+MoeTicket MoeRunner::submit(MoeProblem p) {
   auto job = std::make_unique<Job>();
   job->problem = std::move(p);
-  std::shared_future<void> fut = job->done.get_future().share();
+  job->seconds = std::make_shared<double>(-1.0);
+  MoeTicket ticket{job->done.get_future().share(), job->seconds};
   {
     std::lock_guard<std::mutex> lock(mu_);
     queue_.push_back(std::move(job));
   }
   cv_.notify_one();
-  return fut;
+  return ticket;
 }
 
 void MoeRunner::dispatch_loop() {
@@ -176,11 +215,19 @@ void MoeRunner::dispatch_loop() {
       job = std::move(queue_.front());
       queue_.erase(queue_.begin());
     }
+    const auto start = std::chrono::steady_clock::now();
+    std::exception_ptr error;
     try {
       moe_forward(job->problem, pool_);
-      job->done.set_value();
     } catch (...) {
-      job->done.set_exception(std::current_exception());
+      error = std::current_exception();
+    }
+    *job->seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (error) {
+      job->done.set_exception(error);
+    } else {
+      job->done.set_value();
     }
   }
 }

@@ -1,5 +1,6 @@
-// AVX2 + FMA variant of rows_dot: bf16 weights widened to fp32, fp32 FMA with the fp32 vectors.
-// Compiled with -mavx2 -mfma only (see setup.py); called only when the CPU reports both.
+// AVX2 + FMA variants of rows_dot for dense weights: bf16 weights widened to fp32 (exact) or fp32
+// weights, fp32 FMA with the fp32 vectors. Compiled with -mavx2 -mfma -mf16c only (see
+// setup_ext.py); called only when the CPU reports all three.
 // NOTE: nothing here may instantiate a shared inline/template symbol (std::vector, std::exp...):
 // the linker could pick this AVX2 copy for callers on CPUs without AVX2. Helpers are file-local.
 #include <immintrin.h>
@@ -27,14 +28,19 @@ inline float bf16_to_f32(uint16_t bits) {
   return _mm_cvtss_f32(_mm_castsi128_ps(u));
 }
 
+inline __m256 load8(const uint16_t* p) { return load8_bf16(p); }
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline float to_f32(uint16_t bits) { return bf16_to_f32(bits); }
+inline float to_f32(float v) { return v; }
+
 // RB rows x TB vectors: RB*TB ymm accumulators over the full reduction.
-template <int RB, int TB>
+template <typename T, int RB, int TB>
 inline void tile(const RowsDotArgs& a, int64_t r0, int64_t i0) {
   __m256 acc[RB][TB];
   for (int r = 0; r < RB; ++r)
     for (int t = 0; t < TB; ++t) acc[r][t] = _mm256_setzero_ps();
-  const uint16_t* rows[RB];
-  for (int r = 0; r < RB; ++r) rows[r] = a.w + (r0 + r) * a.w_stride;
+  const T* rows[RB];
+  for (int r = 0; r < RB; ++r) rows[r] = static_cast<const T*>(a.w) + (r0 + r) * a.k;
   const float* vecs[TB];
   for (int t = 0; t < TB; ++t) vecs[t] = a.vecs[i0 + t];
   const int64_t k8 = a.k & ~int64_t{7};
@@ -42,33 +48,37 @@ inline void tile(const RowsDotArgs& a, int64_t r0, int64_t i0) {
     __m256 v[TB];
     for (int t = 0; t < TB; ++t) v[t] = _mm256_loadu_ps(vecs[t] + k);
     for (int r = 0; r < RB; ++r) {
-      __m256 w = load8_bf16(rows[r] + k);
+      __m256 w = load8(rows[r] + k);
       for (int t = 0; t < TB; ++t) acc[r][t] = _mm256_fmadd_ps(w, v[t], acc[r][t]);
     }
   }
   for (int r = 0; r < RB; ++r) {
     for (int t = 0; t < TB; ++t) {
       float s = hsum8(acc[r][t]);
-      for (int64_t k = k8; k < a.k; ++k) s += bf16_to_f32(rows[r][k]) * vecs[t][k];
+      for (int64_t k = k8; k < a.k; ++k) s += to_f32(rows[r][k]) * vecs[t][k];
       a.out[(i0 + t) * a.out_stride + (r0 + r - a.row_begin)] = s;
     }
   }
 }
 
-template <int RB>
+template <typename T, int RB>
 inline void row_block(const RowsDotArgs& a, int64_t r0) {
   int64_t i = 0;
-  for (; i + 3 <= a.num_vecs; i += 3) tile<RB, 3>(a, r0, i);
-  if (a.num_vecs - i == 2) tile<RB, 2>(a, r0, i);
-  if (a.num_vecs - i == 1) tile<RB, 1>(a, r0, i);
+  for (; i + 3 <= a.num_vecs; i += 3) tile<T, RB, 3>(a, r0, i);
+  if (a.num_vecs - i == 2) tile<T, RB, 2>(a, r0, i);
+  if (a.num_vecs - i == 1) tile<T, RB, 1>(a, r0, i);
+}
+
+template <typename T>
+inline void rows_dot_dense(const RowsDotArgs& a) {
+  int64_t r = a.row_begin;
+  for (; r + 4 <= a.row_end; r += 4) row_block<T, 4>(a, r);
+  for (; r < a.row_end; ++r) row_block<T, 1>(a, r);
 }
 
 }  // namespace
 
-void rows_dot_avx2(const RowsDotArgs& a) {
-  int64_t r = a.row_begin;
-  for (; r + 4 <= a.row_end; r += 4) row_block<4>(a, r);
-  for (; r < a.row_end; ++r) row_block<1>(a, r);
-}
+void rows_dot_bf16_avx2(const RowsDotArgs& a) { rows_dot_dense<uint16_t>(a); }
+void rows_dot_f32_avx2(const RowsDotArgs& a) { rows_dot_dense<float>(a); }
 
 }  // namespace freetoken

@@ -1,9 +1,10 @@
-// AVX-512-BF16 variant of rows_dot: vectors rounded to bf16 (vcvtne2ps2bf16), then vdpbf16ps
-// accumulates pairs of bf16 products into fp32 lanes, 32 weights per instruction.
-// Compiled with -mavx512f -mavx512bw -mavx512vl -mavx512bf16 (see setup.py); called only when the
-// CPU reports all four. NOTE: no shared inline/template symbols here (see rows_dot_avx2.cpp).
+// AVX-512-BF16 variant of rows_dot for bf16 weights: vectors rounded to bf16 (vcvtne2ps2bf16),
+// then vdpbf16ps accumulates pairs of bf16 products into fp32 lanes, 32 weights per instruction.
+// Compiled with -mavx512f -mavx512bw -mavx512vl -mavx512bf16 (see setup_ext.py); called only
+// when the CPU reports all four. NOTE: no shared inline/template symbols here (see rows_dot_avx2.cpp).
 // NOTE: GCC 12 warns (-Wuninitialized) inside its own avx512fintrin.h on _mm256_undefined_*().
 #pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 
 #include "freetoken/isa.h"
@@ -38,7 +39,7 @@ inline void tile(const RowsDotArgs& a, int64_t r0, int64_t i0) {
   for (int r = 0; r < RB; ++r)
     for (int t = 0; t < TB; ++t) acc[r][t] = _mm512_setzero_ps();
   const uint16_t* rows[RB];
-  for (int r = 0; r < RB; ++r) rows[r] = a.w + (r0 + r) * a.w_stride;
+  for (int r = 0; r < RB; ++r) rows[r] = static_cast<const uint16_t*>(a.w) + (r0 + r) * a.k;
   const float* vecs[TB];
   for (int t = 0; t < TB; ++t) vecs[t] = a.vecs[i0 + t];
   const __mmask32 full = 0xFFFFFFFFu;
@@ -71,7 +72,7 @@ inline void row_block(const RowsDotArgs& a, int64_t r0) {
 
 }  // namespace
 
-void rows_dot_avx512_bf16(const RowsDotArgs& a) {
+void rows_dot_bf16_avx512(const RowsDotArgs& a) {
   int64_t r = a.row_begin;
   for (; r + 4 <= a.row_end; r += 4) row_block<4>(a, r);
   for (; r < a.row_end; ++r) row_block<1>(a, r);

@@ -1,15 +1,17 @@
 """The asyncio front of the engine: one background thread runs the engine loop.
 
 Threading model: the loop thread alone touches the :class:`Engine` (scheduler, runner, model).
-Other threads talk to it through a command inbox (``add`` / ``abort`` / ``stop``); the loop
-drains the inbox before every step, so an abort lands within one step (at most one prefill
-chunk). Output chunks cross back with ``loop.call_soon_threadsafe`` into the asyncio.Queue of
-the caller's event loop. The loop blocks on the inbox while idle.
+Other threads talk to it through a command inbox (``add`` / ``abort`` / ``call`` / ``stop``); the
+loop drains the inbox before every step, so an abort lands within one step (at most one prefill
+chunk) and a ``call`` (:meth:`AsyncEngine.run_between_steps`) runs between two steps. Output
+chunks cross back with ``loop.call_soon_threadsafe`` into the asyncio.Queue of the caller's event
+loop. The loop blocks on the inbox while idle.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import itertools
 import logging
 import queue
@@ -17,16 +19,22 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
 
 import torch
 
 from freetoken.core import EngineInfo, GenerationOutput, GenerationRequest
-from freetoken.engine.client import EngineClient
+from freetoken.engine.client import EngineClient, EngineDeadError
+from freetoken.engine.counters import EngineCounters
 from freetoken.engine.engine import Engine
 from freetoken.engine.validate import validate_request
 from freetoken.models.base import CausalLM
 from freetoken.tokenizer.tokenizer import Tokenizer
 
+if TYPE_CHECKING:
+    from freetoken.offload.control import MoeRuntimeControl
+
+T = TypeVar("T")
 logger = logging.getLogger("freetoken.engine")
 
 _STOP = ("stop",)
@@ -41,6 +49,9 @@ class AsyncEngine(EngineClient):
         info: model facts (max_model_len, vocab size, EOS ids) exposed to the API layer.
         max_num_batched_tokens: prefill chunk size / token budget per step.
         device: where inputs and generators live (default: the model's device).
+        moe: the offloaded MoE runtime's control surface (None: no offload runtime); exposed
+            as ``self.moe`` for the admin endpoints, which call it via :meth:`run_between_steps`.
+        routing_recorder: a ``RoutingRecorder`` (``--record-routing``); saved at shutdown.
     """
 
     def __init__(
@@ -51,11 +62,16 @@ class AsyncEngine(EngineClient):
         *,
         max_num_batched_tokens: int = 2048,
         device: str | None = None,
+        moe: MoeRuntimeControl | None = None,
+        routing_recorder=None,
     ) -> None:
         self.info = info
         self.tokenizer = tokenizer
+        self.moe = moe
+        self.routing_recorder = routing_recorder
         self._engine = Engine(
-            model, tokenizer, info, max_num_batched_tokens=max_num_batched_tokens, device=device
+            model, tokenizer, info, max_num_batched_tokens=max_num_batched_tokens, device=device,
+            routing_recorder=routing_recorder,
         )
         self._inbox: queue.SimpleQueue[tuple] = queue.SimpleQueue()
         self._keys = itertools.count()
@@ -75,6 +91,9 @@ class AsyncEngine(EngineClient):
         max_model_len: int | None = None,
         progress: Callable[[str], None] | None = None,
         max_num_batched_tokens: int = 2048,
+        moe=None,
+        bandwidths: tuple[float, float] | None = None,
+        record_routing: str | Path | None = None,
     ) -> "AsyncEngine":
         """Load a checkpoint directory (weights, config and tokenizer) and start the engine.
 
@@ -86,6 +105,9 @@ class AsyncEngine(EngineClient):
                 ``max_position_embeddings``.
             progress: called with human-readable load progress lines (the CLI prints them).
             max_num_batched_tokens: prefill chunk size.
+            moe: a ``freetoken.offload.backend.MoeConfig`` (None: every expert resident).
+            bandwidths: profiled ``(B_P, B_H)`` GB/s for the hybrid miss split.
+            record_routing: write every MoE layer's top-k ids to this ``.npz`` (at shutdown).
 
         Raises:
             FileNotFoundError, ValueError: from the model loader or tokenizer (missing files,
@@ -105,8 +127,23 @@ class AsyncEngine(EngineClient):
         say(f"loading {config.model_type} weights ({config.num_hidden_layers} layers, "
             f"{config.num_experts} experts per MoE layer)")
         started = time.perf_counter()
-        model = load_model(path, dtype=dtype, device=device)
+        model = load_model(path, dtype=dtype, device=device, moe=moe, bandwidths=bandwidths)
         say(f"weights loaded in {time.perf_counter() - started:.1f}s")
+        runtime = getattr(model, "moe_runtime", None)
+        if runtime is not None:
+            s = runtime.stats()
+            say(f"moe backend {s.backend}: {s.num_slots} of {s.total_experts} experts cached on "
+                f"{s.device} ({s.cache_bytes / 2**20:.1f} MiB), host banks "
+                f"{s.bank_bytes / 2**20:.1f} MiB{' pinned' if s.banks_pinned else ''}, "
+                f"policy {s.policy}, split r {s.split_ratio:.3f}")
+        recorder = None
+        if record_routing is not None:
+            from freetoken.offload.recorder import RoutingRecorder
+
+            recorder = RoutingRecorder(
+                record_routing, num_layers=len(model.moe_blocks()), num_experts=config.num_experts,
+                top_k=config.num_experts_per_tok, model=str(path))
+            say(f"recording routing to {record_routing}")
         eos = tuple(dict.fromkeys((*tokenizer.eos_token_ids, *config.eos_token_ids)))
         info = EngineInfo(
             model_path=str(path),
@@ -115,7 +152,8 @@ class AsyncEngine(EngineClient):
             vocab_size=config.vocab_size,
             eos_token_ids=eos,
         )
-        return cls(model, tokenizer, info, max_num_batched_tokens=max_num_batched_tokens)
+        return cls(model, tokenizer, info, max_num_batched_tokens=max_num_batched_tokens,
+                   device=device, moe=runtime, routing_recorder=recorder)
 
     def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationOutput]:
         """Validate ``request`` now, then stream its chunks when iterated (see EngineClient).
@@ -134,6 +172,26 @@ class AsyncEngine(EngineClient):
         """True while the loop thread runs and has not failed."""
         return self._failure is None and not self._closed and self._thread.is_alive()
 
+    async def run_between_steps(self, fn: Callable[[], T]) -> T:
+        """Run ``fn()`` on the loop thread between two steps; its result or exception comes back.
+
+        ``fn`` runs when the loop next drains its inbox: at once when idle, else right after
+        the current step. Cancelling the awaiting task before ``fn`` started means it never
+        runs. ``fn`` should be quick: every request waits while it runs.
+
+        Raises:
+            EngineDeadError: the loop has died or the engine is shut down (``fn`` did not run).
+            Exception: whatever ``fn`` raised.
+        """
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        if not self._post(("call", fn, future)):
+            raise EngineDeadError(self._failure or "the engine is shut down")
+        return await asyncio.wrap_future(future)
+
+    def counters(self) -> EngineCounters:
+        """Request and token counters (read without waiting for the loop)."""
+        return self._engine.counters()
+
     def shutdown(self, timeout: float = 10.0) -> None:
         """Abort every request, stop the loop thread and wait up to ``timeout`` seconds for it."""
         with self._lock:
@@ -141,6 +199,9 @@ class AsyncEngine(EngineClient):
         self._inbox.put(_STOP)
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout)
+        if self.routing_recorder is not None:
+            path = self.routing_recorder.close()
+            logger.info("routing recorded to %s", path)
 
     async def _stream(self, request: GenerationRequest) -> AsyncIterator[GenerationOutput]:
         loop = asyncio.get_running_loop()
@@ -205,6 +266,9 @@ class AsyncEngine(EngineClient):
         if command[0] == "abort":
             self._engine.abort_request(command[1])
             return
+        if command[0] == "call":
+            _call(command[1], command[2])
+            return
         _, key, request, sink, arrival = command
         try:
             self._engine.add_request(key, request, sink, arrival)
@@ -227,3 +291,15 @@ class AsyncEngine(EngineClient):
             if command[0] == "add":
                 _, _, request, sink, _ = command
                 sink(self._error_chunk(request))
+            elif command[0] == "call" and command[2].set_running_or_notify_cancel():
+                command[2].set_exception(EngineDeadError(message))
+
+
+def _call(fn: Callable[[], object], future: concurrent.futures.Future) -> None:
+    """Run ``fn`` into ``future`` unless its caller cancelled it; never raises."""
+    if not future.set_running_or_notify_cancel():
+        return
+    try:
+        future.set_result(fn())
+    except BaseException as exc:  # noqa: BLE001 - the caller gets it; the loop must live on
+        future.set_exception(exc)

@@ -7,10 +7,21 @@ and test doubles implement it.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, TypeVar
 
 from freetoken.core import EngineInfo, GenerationOutput, GenerationRequest
+from freetoken.engine.counters import EngineCounters
 from freetoken.tokenizer.tokenizer import Tokenizer
+
+if TYPE_CHECKING:  # the offload package imports torch kernels; the protocol is only a type here
+    from freetoken.offload.control import MoeRuntimeControl
+
+T = TypeVar("T")
+
+
+class EngineDeadError(RuntimeError):
+    """The engine loop has died or was shut down, so it cannot run anything any more."""
 
 
 class EngineClient(ABC):
@@ -19,10 +30,13 @@ class EngineClient(ABC):
     Attributes:
         info: static facts about the served model (max_model_len, eos ids, ...).
         tokenizer: the served model's tokenizer.
+        moe: control surface of the offloaded MoE runtime (expert cache stats and resize), or
+            None when the model runs without one (``--moe-backend resident``).
     """
 
     info: EngineInfo
     tokenizer: Tokenizer
+    moe: MoeRuntimeControl | None = None
 
     @abstractmethod
     def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationOutput]:
@@ -39,3 +53,20 @@ class EngineClient(ABC):
     def is_healthy(self) -> bool:
         """True while the engine loop is alive."""
         return True
+
+    async def run_between_steps(self, fn: Callable[[], T]) -> T:
+        """Run ``fn()`` on the engine thread between two steps and return its result.
+
+        It runs at once when the engine is idle, else before the next step (after the current
+        one), so it sees the model and the offload runtime in a consistent state. This default
+        (for test doubles without a loop thread) calls ``fn`` directly.
+
+        Raises:
+            EngineDeadError: the engine loop is dead or shut down (``fn`` did not run).
+            Exception: whatever ``fn`` raised, re-raised in the caller.
+        """
+        return fn()
+
+    def counters(self) -> EngineCounters:
+        """Request and token counters for ``/metrics`` (this default: all zero)."""
+        return EngineCounters()

@@ -21,6 +21,7 @@ import time
 
 from freetoken.core import EngineInfo, FinishReason, GenerationOutput, GenerationRequest
 from freetoken.engine.batch import ForwardOutput, ScheduledBatch
+from freetoken.engine.counters import CounterBook, EngineCounters
 from freetoken.engine.detokenizer import DetokenizerFactory
 from freetoken.engine.output import RequestOutputProcessor
 from freetoken.engine.request import EngineRequest, OutputSink
@@ -43,6 +44,8 @@ class Engine:
             ``info.eos_token_ids`` end generation unless ``ignore_eos``.
         max_num_batched_tokens: token budget per step (prefill chunk size).
         device: where inputs and generators live (default: the model's device).
+        routing_recorder: optional ``freetoken.offload.recorder.RoutingRecorder``
+            (``--record-routing``), handed to the model runner.
     """
 
     def __init__(
@@ -53,13 +56,16 @@ class Engine:
         *,
         max_num_batched_tokens: int = 2048,
         device: str | None = None,
+        routing_recorder=None,
     ) -> None:
         self.info = info
         self.tokenizer = tokenizer
         self.scheduler = Scheduler(SchedulerConfig(info.max_model_len, max_num_batched_tokens))
-        self.runner = ModelRunner(model, device, sampleable_vocab=tokenizer.vocab_size)
+        self.runner = ModelRunner(model, device, sampleable_vocab=tokenizer.vocab_size,
+                                  routing_recorder=routing_recorder)
         self._detokenizers = DetokenizerFactory(tokenizer)
         self._processors: dict[int, RequestOutputProcessor] = {}
+        self._book = CounterBook()
 
     def add_request(
         self,
@@ -84,6 +90,7 @@ class Engine:
             self.info.max_model_len,
         )
         self.scheduler.add(req)
+        self._book.on_added()
 
     def abort_request(self, key: int) -> bool:
         """Stop a waiting or running request (final chunk ``abort``); False if unknown."""
@@ -97,6 +104,11 @@ class Engine:
     def has_unfinished(self) -> bool:
         """True while a request is waiting or running."""
         return self.scheduler.has_unfinished()
+
+    def counters(self) -> EngineCounters:
+        """Snapshot of the request and token counters (safe to call from any thread)."""
+        waiting = len(self.scheduler.waiting)
+        return self._book.snapshot(int(self.scheduler.running is not None), waiting)
 
     def step(self) -> bool:
         """Run one scheduling step (one prefill chunk or one decode token).
@@ -120,6 +132,8 @@ class Engine:
             self._finish(batch.request_key, "error", output.error)
             return
         req = self.scheduler.update(batch, output.token_id)
+        self._book.on_step(batch.num_computed_tokens, len(batch.token_ids), req.num_prompt_tokens,
+                           output.token_id is not None)
         if output.token_id is None:
             return
         chunk = self._processors[req.key].on_token(output)
@@ -141,6 +155,7 @@ class Engine:
         self.runner.release(key)
         processor.req.finish_time = time.perf_counter()
         processor.req.log_finish(reason)
+        self._book.on_finish(reason)
 
     def _emit(self, req: EngineRequest, chunk: GenerationOutput) -> None:
         try:

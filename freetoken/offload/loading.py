@@ -75,6 +75,23 @@ def bank_dtype(checkpoint: Checkpoint, dtype: torch.dtype, first_expert: str) ->
     return torch.float32
 
 
+def planned_bank_dtype(path, compute_dtype: str) -> str:
+    """The bank dtype name (``"bfloat16"`` / ``"float32"``) the loader will choose for the
+    checkpoint at ``path`` computed in ``compute_dtype`` (``"float32"`` / ``"bfloat16"``); used to
+    key the stored B_P/B_H profile.
+
+    Raises:
+        FileNotFoundError, ValueError: as :class:`Checkpoint` and ``ModelConfig.from_file``.
+    """
+    config = ModelConfig.from_file(path)
+    first = next((i for i in range(config.num_hidden_layers) if config.is_moe_layer(i)), None)
+    if first is None:
+        raise ValueError(f"{path} has no MoE layers to offload")
+    dtype = torch.bfloat16 if compute_dtype == "bfloat16" else torch.float32
+    name = f"model.layers.{first}.mlp.experts.0.gate_proj.weight"
+    return str(bank_dtype(Checkpoint(path), dtype, name)).removeprefix("torch.")
+
+
 def build_offloaded(model_cls: type[DecoderLM], config: ModelConfig, checkpoint: Checkpoint,
                     dtype: torch.dtype, device: str | torch.device, moe: MoeConfig,
                     bandwidths: tuple[float, float] | None = None) -> DecoderLM | None:
@@ -106,7 +123,8 @@ def build_offloaded(model_cls: type[DecoderLM], config: ModelConfig, checkpoint:
 
     model = model_cls(config, dtype=dtype, device=device, experts_factory=factory)
     load_weights(checkpoint, model.weight_targets())
-    banks.pin()
+    if device.type == "cuda":
+        banks.pin()
     slot_bytes = 3 * banks.hidden * banks.intermediate * torch.empty(0, dtype=dtype).element_size()
     free = device_free_bytes(device)
     budget = int(free * (1 - CUDA_RESERVE_FRACTION)) if free is not None else None

@@ -9,7 +9,10 @@ A ratio measured in isolation need not hold while serving (the public release's 
 a calibration choosing a split 8.3x slower than all-fill), so the ratio is corrected online:
 after each layer the durations of both branches are compared and the branch that finished last
 gets less work next time: ``r <- r * exp(eta * (t_cpu - t_dev) / (t_cpu + t_dev))``, kept in
-``[R_MIN, 1]``. Fixed strategies for comparison: ``all-fill`` (q = m), ``all-cpu`` (q = 0) and
+``[R_MIN, 1]``. The ``q >= 1`` floor belongs to the profiled q*: when the device branch still
+finishes last with ``r`` at ``R_MIN`` (its cached hits alone outlast the CPU's misses, e.g. where
+the device is slower per expert than the CPU kernel), the split drops to ``r = 0`` (no fills)
+and comes back to ``R_MIN`` as soon as the CPU branch is the one finishing last. Fixed strategies for comparison: ``all-fill`` (q = m), ``all-cpu`` (q = 0) and
 ``static`` (the profile's q*, never corrected).
 """
 
@@ -53,12 +56,14 @@ class MissSplit:
 
         Returns:
             ``0 <= q <= min(m, free_slots)``; for the split modes ``clamp(round(m * r), 1, m)``
-            before the slot cap.
+            before the slot cap (0 when the online correction has turned fills off).
         """
         if misses <= 0 or free_slots <= 0 or self.mode == "all-cpu":
             return 0
         if self.mode == "all-fill":
             return min(misses, free_slots)
+        if self.ratio == 0.0:
+            return 0
         q = min(misses, max(1, round(misses * self.ratio)))
         return min(q, free_slots)
 
@@ -73,4 +78,9 @@ class MissSplit:
         if not total > 0:
             return
         step = self.eta * (cpu_s - device_s) / total
-        self.ratio = min(1.0, max(R_MIN, self.ratio * math.exp(step)))
+        if self.ratio == 0.0:
+            self.ratio = R_MIN if step > 0 else 0.0
+        elif self.ratio == R_MIN and step < 0:
+            self.ratio = 0.0
+        else:
+            self.ratio = min(1.0, max(R_MIN, self.ratio * math.exp(step)))

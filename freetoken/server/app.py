@@ -8,6 +8,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from freetoken.engine.client import EngineClient
+from freetoken.server.admin_routes import admin_router
 from freetoken.server.anthropic_routes import anthropic_router
 from freetoken.server.config import ServerConfig
 from freetoken.server.context import ServerContext
@@ -42,7 +43,8 @@ def create_app(
     """Build the HTTP app serving ``engine`` through the OpenAI and Anthropic APIs.
 
     Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``,
-    ``POST /v1/messages``, ``POST /v1/messages/count_tokens``, ``GET /health``, ``GET|HEAD /``.
+    ``POST /v1/messages``, ``POST /v1/messages/count_tokens``, ``GET /health``, ``GET|HEAD /``,
+    and the operator routes ``GET /metrics`` and ``GET|POST /v1/freetoken/memory``.
     Every error (including unknown routes and bugs, see ``ErrorNetMiddleware``) is answered in
     the shape of the API its path belongs to (``/v1/messages*`` Anthropic, everything else
     OpenAI).
@@ -95,4 +97,5 @@ def create_app(
 
     app.include_router(openai_router(ctx))
     app.include_router(anthropic_router(ctx))
+    app.include_router(admin_router(ctx))
     return app

@@ -30,7 +30,8 @@ def presented_key(headers: dict[bytes, bytes]) -> str | None:
 
 
 class GuardMiddleware:
-    """Rejects unauthenticated ``/v1/*`` requests (401) and bodies over the limit (413).
+    """Rejects unauthenticated ``/v1/*`` and ``/metrics`` requests (401) and bodies over the
+    limit (413).
 
     Both errors use the shape of the API the path belongs to. ``/``, ``/health`` need no key.
     """
@@ -45,7 +46,7 @@ class GuardMiddleware:
             return
         path: str = scope["path"]
         api = api_for_path(path)
-        if self.config.api_key is not None and path.startswith("/v1/"):
+        if self.config.api_key is not None and (path.startswith("/v1/") or path == "/metrics"):
             err = self._auth_error(dict(scope["headers"]))
             if err is not None:
                 await error_response(err, api)(scope, receive, send)

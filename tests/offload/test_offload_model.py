@@ -4,12 +4,16 @@ resize in the middle of a generation, and with a one-slot cache that evicts ever
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
 from freetoken.models.registry import load_model
 from freetoken.offload.backend import MoeConfig
 
+# cpu here; evals/gpu_check.sh reruns these tests with cuda.
+DEVICE = os.environ.get("FREETOKEN_TEST_DEVICE", "cpu")
 PROMPT = torch.tensor([5, 17, 300, 42, 8000, 12, 99, 1000, 7, 7, 2048, 31], dtype=torch.long)
 NEW_TOKENS = 64
 
@@ -19,7 +23,7 @@ def greedy(model, steps: int = NEW_TOKENS, on_step=None) -> list[int]:
     runtime = model.moe_runtime
     state = model.new_state()
     out = []
-    ids = PROMPT
+    ids = PROMPT.to(DEVICE)
     for i in range(steps):
         if on_step is not None:
             on_step(i, runtime)
@@ -30,7 +34,7 @@ def greedy(model, steps: int = NEW_TOKENS, on_step=None) -> list[int]:
             runtime.end_step()
         token = int(logits[-1].argmax())
         out.append(token)
-        ids = torch.tensor([token])
+        ids = torch.tensor([token], device=DEVICE)
     return out
 
 
@@ -40,7 +44,7 @@ def resident_tokens(tiny_checkpoint):
 
     def get(arch):
         if arch not in cache:
-            cache[arch] = greedy(load_model(tiny_checkpoint(arch)))
+            cache[arch] = greedy(load_model(tiny_checkpoint(arch), device=DEVICE))
         return cache[arch]
 
     return get
@@ -50,7 +54,8 @@ def resident_tokens(tiny_checkpoint):
 @pytest.mark.parametrize("backend", ["offload", "cpu", "hybrid"])
 @pytest.mark.parametrize("cache", ["1", "0.25", "1.0"])
 def test_backend_generates_resident_tokens(tiny_checkpoint, resident_tokens, arch, backend, cache):
-    model = load_model(tiny_checkpoint(arch), moe=MoeConfig(backend=backend, cache=cache))
+    model = load_model(tiny_checkpoint(arch), moe=MoeConfig(backend=backend, cache=cache),
+                       device=DEVICE)
     runtime = model.moe_runtime
     assert runtime is not None and runtime.backend == backend
     assert greedy(model) == resident_tokens(arch)
@@ -68,7 +73,8 @@ def test_backend_generates_resident_tokens(tiny_checkpoint, resident_tokens, arc
 
 @pytest.mark.parametrize("backend", ["offload", "hybrid"])
 def test_live_resize_mid_generation(tiny_checkpoint, resident_tokens, backend):
-    model = load_model(tiny_checkpoint("qwen3_next"), moe=MoeConfig(backend=backend, cache="8"))
+    model = load_model(tiny_checkpoint("qwen3_next"), moe=MoeConfig(backend=backend, cache="8"),
+                       device=DEVICE)
     runtime = model.moe_runtime
     slot = runtime.cache.slot_bytes
     sizes = {10: 3 * slot, 25: 40 * slot, 40: 1, 50: 10**12}
@@ -96,7 +102,7 @@ def test_banks_hold_the_checkpoint_experts(tiny_checkpoint):
     model = load_model(tiny_checkpoint("qwen3_moe"), moe=MoeConfig(backend="offload"))
     banks = model.moe_runtime.banks
     assert banks.dtype == torch.bfloat16  # stored bf16: kept bf16 (lossless, half the bytes)
-    assert not banks.pinned  # no CUDA here: pageable
+    assert not banks.pinned  # cache on the CPU: nothing to pin for
     for l, block in enumerate(resident.moe_blocks()):
         e = block.num_experts
         assert torch.equal(banks.gate_up[l * e:(l + 1) * e].float(), block.experts.gate_up)

@@ -7,6 +7,8 @@ computation: fp32 max abs error <= 1e-5 of the output scale; bf16 within its tol
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -15,10 +17,12 @@ from freetoken.offload.banks import ExpertBanks
 from freetoken.offload.cache import ExpertCache
 from freetoken.offload.runtime import OffloadRuntime
 from freetoken.offload.scores import make_scores
-from freetoken.offload.split import MissSplit
+from freetoken.offload.split import R_MIN, MissSplit
 from freetoken.ops.cpu_moe import relative_rms_error
 
 L, E, H, I, K = 2, 8, 40, 24, 3  # odd-ish sizes; N = 16 experts
+# The cache's device: cpu here; evals/gpu_check.sh reruns these tests with cuda.
+DEVICE = torch.device(os.environ.get("FREETOKEN_TEST_DEVICE", "cpu"))
 
 
 class ForcedSplit:
@@ -45,8 +49,8 @@ def make_banks(seed: int = 0) -> ExpertBanks:
 
 
 def make_runtime(banks, slots, split, dtype=torch.float32, policy="lru", preload=()):
-    scores = make_scores(policy, banks.num_ids, torch.device("cpu"))
-    cache = ExpertCache(banks, slots, torch.device("cpu"), dtype, scores)
+    scores = make_scores(policy, banks.num_ids, DEVICE)
+    cache = ExpertCache(banks, slots, DEVICE, dtype, scores)
     if preload:
         cache.preload(torch.tensor(preload))
     return OffloadRuntime(banks, cache, split, "test")
@@ -57,13 +61,13 @@ def routing(t: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor
     x = torch.randn(t, H, generator=gen)
     ids = torch.stack([torch.randperm(E, generator=gen)[:K] for _ in range(t)])
     w = torch.softmax(torch.randn(t, K, generator=gen), dim=-1)
-    return x, ids, w
+    return x.to(DEVICE), ids.to(DEVICE), w.to(DEVICE)
 
 
 def dense(banks, layer, x, ids, w):
     rows = slice(layer * E, (layer + 1) * E)
-    return grouped_swiglu(x.float(), ids, w.float(), banks.gate_up[rows].float(),
-                          banks.down[rows].float())
+    return grouped_swiglu(x.float(), ids, w.float(), banks.gate_up[rows].float().to(DEVICE),
+                          banks.down[rows].float().to(DEVICE))
 
 
 def check_fp32(out, ref):
@@ -154,9 +158,15 @@ def test_split_learns_from_branch_times():
     assert split.choose(8, 100) == 4
     split.observe(4, 8, device_s=1.0, cpu_s=3.0)  # CPU finished last: fill more
     assert split.ratio > 0.5 and split.choose(8, 100) == 5
-    for _ in range(40):
+    for _ in range(11):  # from r = 0.64: 0.64 * e^(-0.5 n) reaches R_MIN = 1/256 at n = 11
         split.observe(8, 8, device_s=2.0, cpu_s=0.0)  # device last: fill less
-    assert split.choose(8, 100) == 1  # clamped to at least one fill
+    assert split.ratio == R_MIN and split.choose(8, 100) == 1  # q* keeps one fill ...
+    split.observe(1, 8, device_s=2.0, cpu_s=1.0)  # ... until even one fill makes it last
+    assert split.ratio == 0.0 and split.choose(8, 100) == 0
+    split.observe(0, 8, device_s=2.0, cpu_s=1.0)
+    assert split.ratio == 0.0
+    split.observe(0, 8, device_s=0.5, cpu_s=1.0)  # CPU last again: fills come back
+    assert split.ratio == R_MIN and split.choose(8, 100) == 1
     assert split.choose(0, 100) == 0 and split.choose(8, 0) == 0
     static = MissSplit("static", ratio=0.5)
     static.observe(4, 8, 1.0, 3.0)

@@ -153,7 +153,10 @@ def _args():
     [
         (dict(x=[[1.0] * 64] * 2), TypeError, "x must be a torch.Tensor, got list"),
         (dict(x=torch.randn(2, 64).half()), TypeError, "x must be float32 or bfloat16, got float16"),
-        (dict(gate_up=torch.zeros(4, 64, 64)), TypeError, "gate_up must be bfloat16, got float32"),
+        (dict(gate_up=torch.zeros(4, 64, 64)), ValueError,
+         "gate_up and down must have the same dtype, got float32 and bfloat16"),
+        (dict(gate_up=torch.zeros(4, 64, 64).half()), TypeError,
+         "gate_up must be float32 or bfloat16, got float16"),
         (dict(expert_ids=torch.tensor([0, 3], dtype=torch.int32)), TypeError,
          "expert_ids must be int64, got int32"),
         (dict(weights=torch.tensor([1, 1])), TypeError, "weights must be float32, got int64"),

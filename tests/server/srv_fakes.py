@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from jinja2 import TemplateError
 
 from freetoken.core import EngineInfo, GenerationOutput, GenerationRequest, TokenLogprob
-from freetoken.engine.client import EngineClient
+from freetoken.engine.client import EngineClient, EngineDeadError
+from freetoken.engine.counters import EngineCounters
 from freetoken.parsers.events import ReasoningDelta, TextDelta, ToolCallEvent
 from freetoken.paths import ASSETS_DIR
 from freetoken.tokenizer.tokenizer import Tokenizer
@@ -72,7 +73,13 @@ def _held_back(text: str, stops: tuple[str, ...]) -> int:
 
 class FakeEngine(EngineClient):
     """A scripted engine (see module docstring). ``push()`` queues scripts; ``logs`` records
-    every request in arrival order."""
+    every request in arrival order.
+
+    Operator surface: ``moe`` (a fake offload runtime or None), ``fake_counters`` (returned by
+    ``counters()``), ``between_steps_calls`` (how often ``run_between_steps`` ran a function) and
+    ``loop_dead`` (``run_between_steps`` raises EngineDeadError, as when the loop dies between
+    the health check and the call).
+    """
 
     DEFAULT_TEXT = "Hello from FreeToken."
 
@@ -89,6 +96,22 @@ class FakeEngine(EngineClient):
         self.healthy = True
         self.scripts: deque[Script] = deque()
         self.logs: list[RequestLog] = []
+        self._reset_operator_surface()
+
+    def _reset_operator_surface(self) -> None:
+        self.moe = None
+        self.fake_counters = EngineCounters()
+        self.between_steps_calls = 0
+        self.loop_dead = False
+
+    async def run_between_steps(self, fn):
+        if self.loop_dead:
+            raise EngineDeadError("engine loop died: RuntimeError: fake")
+        self.between_steps_calls += 1
+        return fn()
+
+    def counters(self) -> EngineCounters:
+        return self.fake_counters
 
     def push(self, text: str, **kwargs) -> None:
         """Queue the output of the next request."""
@@ -98,6 +121,7 @@ class FakeEngine(EngineClient):
         self.scripts.clear()
         self.logs.clear()
         self.healthy = True
+        self._reset_operator_surface()
 
     def is_healthy(self) -> bool:
         return self.healthy

@@ -1,6 +1,6 @@
-// Instruction-set variants of the CPU expert kernel and their runtime selection.
+// Instruction-set variants of the CPU expert kernel, weight formats, and their runtime selection.
 //
-// Each variant lives in its own translation unit (src/rows_dot_<isa>.cpp) compiled with its own
+// Each variant lives in its own translation units (src/rows_*_<isa>.cpp) compiled with its own
 // -m flags, so the module imports on any x86-64 CPU and only calls a variant the CPU reports.
 #pragma once
 
@@ -11,6 +11,14 @@
 namespace freetoken {
 
 enum class Isa : int { kScalar = 0, kAvx2 = 1, kAvx512Bf16 = 2 };
+
+// How an expert bank stores its weights (see csrc/README.md "Weight formats").
+//   kBf16, kFp32: dense values, row-major [rows, k].
+//   kMxfp4: gpt-oss MXFP4: per row k/2 bytes of e2m1 codes (low nibble = even column) and k/32
+//           E8M0 scale bytes (value 2^(s-127)); group = 32.
+//   kQ4g: int4 codes q in [0, 15] packed like kMxfp4, one fp16 scale per `group` columns and
+//         either a uint8 zero point z per group or, symmetric, z = 8: w = (q - z) * scale.
+enum class WeightFormat : int { kBf16 = 0, kFp32 = 1, kMxfp4 = 2, kQ4g = 3 };
 
 // Short stable names used by the Python API and the FREETOKEN_CPU_MOE_ISA override.
 const char* isa_name(Isa isa);
@@ -24,27 +32,40 @@ std::vector<Isa> supported_isas();
 // The best supported variant.
 Isa best_isa();
 
-// Arguments of the one ISA-specific primitive: dot products of bf16 weight rows with fp32 vectors.
-//   out[i * out_stride + (r - row_begin)] = sum_k bf16_to_f32(w[r * w_stride + k]) * vecs[i][k]
-// for rows r in [row_begin, row_end) and vectors i in [0, num_vecs). The AVX-512-BF16 variant
-// rounds the vectors to bf16 (round-to-nearest-even) before the products; the others keep fp32.
+// Arguments of the one ISA-specific primitive: dot products of weight rows with fp32 vectors.
+//   out[i * out_stride + (r - row_begin)] = sum_k W[r, k] * vecs[i][k]
+// for rows r in [row_begin, row_end) and vectors i in [0, num_vecs), where W is the [rows, k]
+// matrix that w (and, for 4-bit formats, scales / zeros) encode in `format`. Rows are contiguous:
+// row r starts at element r * k (dense) or byte r * k / 2 (4-bit; k is a multiple of `group`).
+// The AVX-512-BF16 bf16 variant rounds the vectors to bf16 before the products; every other
+// variant keeps fp32 vectors and fp32 sums.
 struct RowsDotArgs {
-  const uint16_t* w;       // bf16 bits, row-major, w_stride elements per row
-  int64_t w_stride;
-  int64_t k;               // reduction length (<= w_stride)
-  int64_t row_begin;
-  int64_t row_end;
-  const float* const* vecs;  // num_vecs pointers to k fp32 values each
-  int64_t num_vecs;
-  float* out;
-  int64_t out_stride;
+  WeightFormat format = WeightFormat::kBf16;
+  const void* w = nullptr;          // bf16 bits / fp32 values / packed 4-bit codes of row 0
+  const void* scales = nullptr;     // 4-bit: [rows, k / group] uint8 E8M0 (mxfp4) or fp16 bits
+  const uint8_t* zeros = nullptr;   // q4g: [rows, k / group] zero points, or nullptr (z = 8)
+  int64_t group = 0;                // 4-bit group size along k (32 for mxfp4; 32 * m for q4g)
+  int64_t k = 0;                    // reduction length (columns)
+  int64_t row_begin = 0;
+  int64_t row_end = 0;
+  const float* const* vecs = nullptr;  // num_vecs pointers to k fp32 values each
+  int64_t num_vecs = 0;
+  float* out = nullptr;
+  int64_t out_stride = 0;
 };
 
-void rows_dot_scalar(const RowsDotArgs& a);
-void rows_dot_avx2(const RowsDotArgs& a);
-void rows_dot_avx512_bf16(const RowsDotArgs& a);
-
 using RowsDotFn = void (*)(const RowsDotArgs&);
-RowsDotFn rows_dot_for(Isa isa);
+
+void rows_dot_bf16_scalar(const RowsDotArgs& a);
+void rows_dot_f32_scalar(const RowsDotArgs& a);
+void rows_dot_q4_scalar(const RowsDotArgs& a);   // kMxfp4 and kQ4g
+void rows_dot_bf16_avx2(const RowsDotArgs& a);
+void rows_dot_f32_avx2(const RowsDotArgs& a);
+void rows_dot_q4_avx2(const RowsDotArgs& a);     // kMxfp4 and kQ4g
+void rows_dot_bf16_avx512(const RowsDotArgs& a);
+
+// The implementation of `isa` for `format`. The avx512_bf16 variant has its own code for bf16
+// weights only; for fp32 and 4-bit weights it runs the AVX2 code (a subset of its ISA).
+RowsDotFn rows_dot_for(Isa isa, WeightFormat format);
 
 }  // namespace freetoken

@@ -4,6 +4,7 @@
 // P (token, expert, weight) triples.
 //   out[t] = sum over triples (t, n, w) of  w * down[n] @ (silu(gate[n] @ x[t]) * (up[n] @ x[t]))
 // with gate[n] = gate_up[n, 0:I], up[n] = gate_up[n, I:2I] (transformers v5 fused layout).
+// The banks may hold bf16, fp32 or 4-bit (mxfp4, q4g) weights (see WeightBank).
 #pragma once
 
 #include <cstdint>
@@ -17,6 +18,18 @@
 
 namespace freetoken {
 
+// One expert bank [N, R, C] (R output rows, C input columns) in any WeightFormat.
+//   dense: values = [N, R, C] bf16 bits or fp32.
+//   4-bit: values = [N, R, C / 2] packed codes; scales = [N, R, C / group] (uint8 E8M0 for mxfp4,
+//          fp16 bits for q4g); zeros = [N, R, C / group] uint8 or nullptr (q4g only).
+struct WeightBank {
+  WeightFormat format = WeightFormat::kBf16;
+  const void* values = nullptr;
+  const void* scales = nullptr;
+  const uint8_t* zeros = nullptr;
+  int64_t group = 0;  // 4-bit only; C % group == 0, group % 32 == 0
+};
+
 struct MoeProblem {
   const void* x = nullptr;   // [T, H], fp32 or bf16 bits (x_is_bf16)
   bool x_is_bf16 = false;
@@ -24,8 +37,8 @@ struct MoeProblem {
   int64_t hidden = 0;        // H
   int64_t intermediate = 0;  // I
   int64_t num_experts = 0;   // N
-  const uint16_t* gate_up = nullptr;  // [N, 2I, H] bf16 bits
-  const uint16_t* down = nullptr;     // [N, H, I] bf16 bits
+  WeightBank gate_up;                 // [N, 2I, H]
+  WeightBank down;                    // [N, H, I]
   std::vector<int64_t> token_ids;     // [P], in [0, T)
   std::vector<int64_t> expert_ids;    // [P], in [0, N), or -1 to skip the triple
   std::vector<float> weights;         // [P] gate weights
@@ -39,6 +52,15 @@ void validate_routing(const MoeProblem& p);
 // Computes p.out on the pool; blocks until done. Results do not depend on the thread count.
 void moe_forward(const MoeProblem& p, ThreadPool& pool);
 
+// What submit() hands back: `done` becomes ready (or holds the exception) when the problem's out
+// is written; *seconds is then the wall time (steady_clock) moe_forward ran on the pool, from the
+// start of its compute to its end, and -1 before. *seconds is written before `done` is made ready,
+// so reading it after waiting on `done` needs no further synchronisation.
+struct MoeTicket {
+  std::shared_future<void> done;
+  std::shared_ptr<double> seconds;
+};
+
 // Owns the thread pool and a dispatcher thread that runs submitted problems in order.
 class MoeRunner {
  public:
@@ -49,9 +71,9 @@ class MoeRunner {
 
   int num_threads() const { return pool_.size(); }
 
-  // Queues p and returns at once; the future becomes ready (or holds the exception) when p.out is
-  // written. Every pointer in p must stay valid until then.
-  std::shared_future<void> submit(MoeProblem p);
+  // Queues p and returns at once (see MoeTicket). Every pointer in p must stay valid until the
+  // ticket's future is ready.
+  MoeTicket submit(MoeProblem p);
 
  private:
   void dispatch_loop();
@@ -59,6 +81,7 @@ class MoeRunner {
   struct Job {
     MoeProblem problem;
     std::promise<void> done;
+    std::shared_ptr<double> seconds;
   };
   ThreadPool pool_;
   std::mutex mu_;

@@ -12,6 +12,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from freetoken.ops.cpu_moe.formats import ExpertBankView
+
 
 def cpu_moe_reference(
     x: torch.Tensor,
@@ -46,6 +48,21 @@ def cpu_moe_reference(
         y = act @ down[e].float().t()  # [n, H]
         out.index_add_(0, tok, y * weights[sel].float()[:, None])
     return out
+
+
+def cpu_moe_reference_banks(
+    x: torch.Tensor,
+    token_ids: torch.Tensor,
+    expert_ids: torch.Tensor,
+    weights: torch.Tensor,
+    banks: ExpertBankView,
+) -> torch.Tensor:
+    """:func:`cpu_moe_reference` on ``banks`` dequantised to fp32 (exactly; any format).
+
+    Returns ``[T, H]`` fp32; the arguments are as in :func:`freetoken.ops.cpu_moe.cpu.submit_banks`.
+    """
+    gate_up, down = banks.dequantize()
+    return cpu_moe_reference(x, token_ids, expert_ids, weights, gate_up, down)
 
 
 def relative_rms_error(ref: torch.Tensor, out: torch.Tensor) -> float:

@@ -1,0 +1,111 @@
+// Boundary checks of one expert bank (gate_up or down) in any weight format, for bind_moe.cpp.
+// Header-only so the extension keeps two pybind11 translation units (build time, see tensor_arg.h).
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+#include <string>
+#include <vector>
+
+#include "freetoken/moe.h"
+#include "tensor_arg.h"
+
+namespace freetoken::bindings {
+
+// A checked bank: the kernel's view, the tensors to keep alive, and its logical [N, R, C] shape.
+struct BankArg {
+  WeightBank bank;
+  std::vector<py::object> keep;
+  std::vector<int64_t> logical;  // [N, R, C]
+};
+
+inline WeightFormat parse_format(const std::string& name) {
+  if (name == "bf16") return WeightFormat::kBf16;
+  if (name == "fp32") return WeightFormat::kFp32;
+  if (name == "mxfp4") return WeightFormat::kMxfp4;
+  if (name == "q4g") return WeightFormat::kQ4g;
+  throw py::value_error("unknown expert bank format '" + name +
+                        "'; expected one of: bf16, fp32, mxfp4, q4g");
+}
+
+// Checks the tensors of bank `name` ("gate_up" [N, 2I, H] or "down" [N, H, I]) stored in `format`:
+//   bf16 / fp32: (values [N, R, C] bfloat16 / float32,)
+//   mxfp4:       (blocks [N, R, C/32, 16] uint8, scales [N, R, C/32] uint8)
+//   q4g:         (packed [N, R, C/2] uint8, scales [N, R, C/G] float16[, zeros [N, R, C/G] uint8])
+// Raises TypeError / ValueError (messages start with the tensor's name).
+inline BankArg check_bank(const std::string& format_name, const py::tuple& tensors,
+                          const std::string& name, const char* layout) {
+  const WeightFormat format = parse_format(format_name);
+  const size_t count = tensors.size();
+  const bool dense = format == WeightFormat::kBf16 || format == WeightFormat::kFp32;
+  const size_t lo = dense ? 1 : 2, hi = format == WeightFormat::kQ4g ? 3 : lo;
+  if (count < lo || count > hi) {
+    const char* expected = dense ? "(values,)"
+                           : format == WeightFormat::kMxfp4
+                               ? "(blocks, scales)"
+                               : "(packed, scales) or (packed, scales, zeros)";
+    throw py::value_error(format_name + " " + name + " takes " + expected + ", got " +
+                          std::to_string(count) + " tensors");
+  }
+  BankArg b;
+  b.bank.format = format;
+  if (dense) {
+    const std::string dt = format == WeightFormat::kBf16 ? "bfloat16" : "float32";
+    TensorArg v = check_tensor(tensors[0], name.c_str(), layout, 3, {dt});
+    b.bank.values = v.data;
+    b.keep = {v.obj};
+    b.logical = v.shape;
+    return b;
+  }
+  const std::string codes_name = name + (format == WeightFormat::kMxfp4 ? "_blocks" : "_packed");
+  const std::string scales_name = name + "_scales";
+  if (format == WeightFormat::kMxfp4) {
+    TensorArg blk = check_tensor(tensors[0], codes_name.c_str(), "[N, R, C/32, 16]", 4, {"uint8"});
+    TensorArg sc = check_tensor(tensors[1], scales_name.c_str(), "[N, R, C/32]", 3, {"uint8"});
+    if (blk.shape[3] != 16) {
+      throw py::value_error(codes_name + " " + shape_str(blk.shape) +
+                            " must hold 16 bytes (32 FP4 values) per block in its last dimension");
+    }
+    const std::vector<int64_t> want(blk.shape.begin(), blk.shape.begin() + 3);
+    if (sc.shape != want) {
+      throw py::value_error(scales_name + " " + shape_str(sc.shape) + " does not match " +
+                            codes_name + " " + shape_str(blk.shape) + ": expected " +
+                            shape_str(want));
+    }
+    b.bank.values = blk.data;
+    b.bank.scales = sc.data;
+    b.bank.group = 32;
+    b.keep = {blk.obj, sc.obj};
+    b.logical = {blk.shape[0], blk.shape[1], blk.shape[2] * 32};
+    return b;
+  }
+  TensorArg pk = check_tensor(tensors[0], codes_name.c_str(), "[N, R, C/2]", 3, {"uint8"});
+  TensorArg sc = check_tensor(tensors[1], scales_name.c_str(), "[N, R, C/G]", 3, {"float16"});
+  const int64_t cols = pk.shape[2] * 2, groups = sc.shape[2];
+  if (sc.shape[0] != pk.shape[0] || sc.shape[1] != pk.shape[1] || groups < 1 ||
+      cols % groups != 0 || (cols / groups) % 32 != 0) {
+    throw py::value_error(scales_name + " " + shape_str(sc.shape) + " does not match " +
+                          codes_name + " " + shape_str(pk.shape) + ": expected [" +
+                          std::to_string(pk.shape[0]) + ", " + std::to_string(pk.shape[1]) +
+                          ", C/G] with C = " + std::to_string(cols) +
+                          " and a group size G that is a multiple of 32");
+  }
+  b.bank.values = pk.data;
+  b.bank.scales = sc.data;
+  b.bank.group = cols / groups;
+  b.keep = {pk.obj, sc.obj};
+  if (count == 3 && !tensors[2].is_none()) {
+    const std::string zeros_name = name + "_zeros";
+    TensorArg zp = check_tensor(tensors[2], zeros_name.c_str(), "[N, R, C/G]", 3, {"uint8"});
+    if (zp.shape != sc.shape) {
+      throw py::value_error(zeros_name + " " + shape_str(zp.shape) + " does not match " +
+                            scales_name + " " + shape_str(sc.shape));
+    }
+    b.bank.zeros = static_cast<const uint8_t*>(zp.data);
+    b.keep.push_back(zp.obj);
+  }
+  b.logical = {pk.shape[0], pk.shape[1], cols};
+  return b;
+}
+
+}  // namespace freetoken::bindings

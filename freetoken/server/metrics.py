@@ -1,0 +1,141 @@
+"""``GET /metrics`` in the Prometheus text exposition format (version 0.0.4), without a client
+library: engine counters, and the offloaded MoE runtime's cache gauges and per-layer counters.
+
+Every family is written as ``# HELP``, ``# TYPE`` and its samples; families without samples
+(a bandwidth that was never profiled) are left out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from freetoken.engine.counters import FINISH_REASONS, EngineCounters
+from freetoken.offload.control import LayerStats, MoeStats
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+Sample = tuple[dict[str, str], float | int | bool]
+
+# (metric suffix, LayerStats attribute, help text) of the per-layer counters.
+_LAYER_COUNTERS: tuple[tuple[str, str, str], ...] = (
+    ("hits_total", "hits", "Routed experts found in the device expert cache."),
+    ("misses_total", "misses", "Routed experts not in the device expert cache."),
+    ("fills_total", "fills", "Misses copied into the device expert cache."),
+    ("cpu_experts_total", "cpu_experts", "Misses run on the CPU from the host banks."),
+    ("evictions_total", "evictions", "Cache fills that replaced a resident expert."),
+    ("q_total", "q_sum", "Sum over forward calls of q chosen by the miss split."),
+    ("steps_total", "steps", "Forward calls of the MoE layer."),
+    ("device_seconds_total", "device_s", "Seconds spent in the device branch."),
+    ("cpu_seconds_total", "cpu_s", "Seconds the CPU expert kernel ran."),
+)
+
+
+def _escape(value: str) -> str:
+    """A label value with ``\\``, ``"`` and newlines escaped."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _number(value: float | int | bool) -> str:
+    """Sample value text: bools as 0/1, ints exact, floats in shortest round-trip form."""
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, int):
+        return str(value)
+    return repr(float(value)).replace("inf", "Inf").replace("nan", "NaN")
+
+
+def family(name: str, kind: str, help_text: str, samples: Iterable[Sample]) -> list[str]:
+    """The lines of one metric family (empty when it has no samples).
+
+    Args:
+        name: metric name (``_total`` suffix included for counters).
+        kind: ``counter`` or ``gauge``.
+        help_text: one-line description.
+        samples: ``(labels, value)`` pairs; labels are rendered in insertion order.
+    """
+    rows = []
+    for labels, value in samples:
+        label_text = ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items())
+        rows.append(f"{name}{{{label_text}}} {_number(value)}" if label_text
+                    else f"{name} {_number(value)}")
+    if not rows:
+        return []
+    return [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", *rows]
+
+
+def _engine_lines(counters: EngineCounters, healthy: bool) -> list[str]:
+    reasons = [*FINISH_REASONS, *(r for r in counters.finished if r not in FINISH_REASONS)]
+    finished = [({"reason": r}, counters.finished.get(r, 0)) for r in reasons]
+    return [
+        *family("freetoken_engine_healthy", "gauge", "1 while the engine loop is alive.",
+                [({}, healthy)]),
+        *family("freetoken_requests_added_total", "counter", "Requests accepted by the engine.",
+                [({}, counters.requests_added)]),
+        *family("freetoken_requests_finished_total", "counter",
+                "Requests finished, by finish reason.", finished),
+        *family("freetoken_prompt_tokens_total", "counter",
+                "Prompt tokens run through the model.", [({}, counters.prompt_tokens)]),
+        *family("freetoken_generation_tokens_total", "counter", "Tokens sampled.",
+                [({}, counters.generation_tokens)]),
+        *family("freetoken_requests_running", "gauge", "Requests being computed.",
+                [({}, counters.running)]),
+        *family("freetoken_requests_waiting", "gauge", "Requests queued.",
+                [({}, counters.waiting)]),
+    ]
+
+
+def _layer_samples(layers: tuple[LayerStats, ...], attr: str) -> list[Sample]:
+    return [({"layer": str(s.layer)}, getattr(s, attr)) for s in layers]
+
+
+def _moe_lines(stats: MoeStats) -> list[str]:
+    info = {"backend": stats.backend, "policy": stats.policy, "device": stats.device}
+    bandwidth = [({"link": link}, gbps) for link, gbps in
+                 (("p", stats.bandwidth_p_gbps), ("h", stats.bandwidth_h_gbps)) if gbps is not None]
+    pending = [] if stats.pending_resize_bytes is None else [({}, stats.pending_resize_bytes)]
+    lines = [
+        *family("freetoken_moe_info", "gauge", "Offloaded MoE runtime configuration.",
+                [(info, 1)]),
+        *family("freetoken_moe_cache_slots", "gauge", "Expert slots in the device cache.",
+                [({}, stats.num_slots)]),
+        *family("freetoken_moe_cache_bytes", "gauge", "Bytes of the device expert cache.",
+                [({}, stats.cache_bytes)]),
+        *family("freetoken_moe_slot_bytes", "gauge", "Bytes of one expert slot.",
+                [({}, stats.slot_bytes)]),
+        *family("freetoken_moe_total_experts", "gauge", "Routed experts in the host banks.",
+                [({}, stats.total_experts)]),
+        *family("freetoken_moe_bank_bytes", "gauge", "Bytes of all host expert banks.",
+                [({}, stats.bank_bytes)]),
+        *family("freetoken_moe_banks_pinned", "gauge", "1 when the host banks are page-locked.",
+                [({}, stats.banks_pinned)]),
+        *family("freetoken_moe_split_ratio", "gauge", "Current q/m multiplier of the miss split.",
+                [({}, stats.split_ratio)]),
+        *family("freetoken_moe_bandwidth_gbps", "gauge",
+                "Profiled bandwidths of the miss split in GB/s (link=p: B_P, link=h: B_H).",
+                bandwidth),
+        *family("freetoken_moe_pending_resize_bytes", "gauge",
+                "Expert cache size waiting for the next step boundary.", pending),
+    ]
+    for suffix, attr, help_text in _LAYER_COUNTERS:
+        lines += family(f"freetoken_moe_{suffix}", "counter", help_text,
+                        _layer_samples(stats.layers, attr))
+    return lines
+
+
+def render_metrics(counters: EngineCounters, moe_stats: MoeStats | None, *,
+                   healthy: bool = True) -> str:
+    """The ``/metrics`` page: engine families, then the MoE families when ``moe_stats`` is given.
+
+    Args:
+        counters: the engine's counters.
+        moe_stats: the offload runtime's snapshot, or None (resident backend, or the engine is
+            dead so no consistent snapshot could be taken).
+        healthy: value of ``freetoken_engine_healthy``.
+
+    Returns:
+        The exposition text, one sample per line, ending with a newline.
+    """
+    lines = _engine_lines(counters, healthy)
+    if moe_stats is not None:
+        lines += _moe_lines(moe_stats)
+    return "\n".join(lines) + "\n"
