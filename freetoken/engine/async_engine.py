@@ -135,7 +135,7 @@ class AsyncEngine(EngineClient):
             say(f"moe backend {s.backend}: {s.num_slots} of {s.total_experts} experts cached on "
                 f"{s.device} ({s.cache_bytes / 2**20:.1f} MiB), host banks "
                 f"{s.bank_bytes / 2**20:.1f} MiB{' pinned' if s.banks_pinned else ''}, "
-                f"policy {s.policy}, split r {s.split_ratio:.3f}")
+                f"policy {s.policy}")
         recorder = None
         if record_routing is not None:
             from freetoken.offload.recorder import RoutingRecorder

@@ -25,7 +25,8 @@ from freetoken.offload.banks import ExpertBanks
 from freetoken.offload.control import ResizeResult
 from freetoken.offload.scores import EvictionScores
 
-ChooseFills = Callable[[int, int], int]  # (misses m, fillable slots) -> q in [0, min(m, slots)]
+# (misses m, fillable slots, hits h, tokens T) -> q in [0, min(m, slots)]
+ChooseFills = Callable[[int, int, int, int], int]
 
 
 @dataclass(frozen=True)
@@ -127,7 +128,7 @@ class ExpertCache:
         Args:
             layer: MoE layer ordinal l.
             topk_ids: ``[T, k]`` int64 expert ids in ``[0, E)`` on the cache's device.
-            choose: the miss split, called once with ``(m, S - h)``.
+            choose: the miss split, called once with ``(m, S - h, h, T)``.
 
         Returns:
             the plan; call :meth:`fill` with it before computing on the returned slots.
@@ -138,7 +139,7 @@ class ExpertCache:
         hit = slots >= 0
         u, h = uniq.numel(), int(hit.sum())
         self.scores.touch(uniq)
-        q = choose(u - h, self.num_slots - h)
+        q = choose(u - h, self.num_slots - h, h, topk_ids.shape[0])
         fill_ids = uniq[:0]
         victims = slots[:0]
         evictions = 0

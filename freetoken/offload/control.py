@@ -59,8 +59,8 @@ class MoeStats:
         total_experts: N = MoE layers * experts per layer (the host bank rows).
         bank_bytes: bytes of all host banks.
         banks_pinned: True when the host banks are page-locked.
-        split_ratio: current q / m multiplier of the miss split (``B_P / B_H`` times the online
-            correction; only meaningful for ``hybrid``).
+        split_ratio: moving average of the fraction q / m of misses filled (1 for ``offload``,
+            0 for ``cpu``; what the online split currently chooses for ``hybrid``).
         bandwidth_p_gbps: profiled B_P in GB/s (1e9 bytes/s), or None without a profile.
         bandwidth_h_gbps: profiled B_H in GB/s, or None.
         pending_resize_bytes: a resize waiting for the next step boundary, or None.

@@ -99,6 +99,7 @@ class OffloadRuntime:
             ``[T, H]`` in ``x``'s dtype (shared expert not included).
         """
         plan = self.cache.plan(layer, topk_ids, self.split.choose)
+        branches_started = time.perf_counter()  # the split's wall time: both branches only
         handle = None
         if plan.cpu_experts:
             on_cpu = plan.slot_ids < 0  # [T, k]
@@ -115,7 +116,8 @@ class OffloadRuntime:
         if handle is not None:
             out = out + handle.wait().to(device=out.device, dtype=out.dtype)
             cpu_s = handle.seconds()
-        self.split.observe(plan.fills, plan.misses, device_s, cpu_s)
+        self.split.observe(plan.fills, plan.misses, device_s, cpu_s, hits=plan.hits,
+                           tokens=x.shape[0], wall_s=time.perf_counter() - branches_started)
         c = self._counts
         c["steps"][layer] += 1
         c["hits"][layer] += plan.hits
@@ -154,7 +156,7 @@ class OffloadRuntime:
         rate = c["hits"] / routed if routed else 0.0
         return (f"moe {self.backend}: {self.cache.num_slots} slots, hit rate {rate:.3f} "
                 f"({c['hits']}/{routed}), fills {c['fills']}, cpu experts {c['cpu_experts']}, "
-                f"evictions {c['evictions']}, split r {self.split.ratio:.3f}, "
+                f"evictions {c['evictions']}, filled {self.split.fill_fraction:.3f} of misses, "
                 f"device {self._device_s.sum():.2f}s, cpu {self._cpu_s.sum():.2f}s")
 
     # --- control (MoeRuntimeControl) ------------------------------------------------------
@@ -200,6 +202,6 @@ class OffloadRuntime:
             backend=self.backend, policy=self.cache.scores.name, device=str(self.cache.device),
             num_slots=self.cache.num_slots, slot_bytes=self.cache.slot_bytes,
             total_experts=self.banks.num_ids, bank_bytes=self.banks.nbytes,
-            banks_pinned=self.banks.pinned, split_ratio=self.split.ratio,
+            banks_pinned=self.banks.pinned, split_ratio=self.split.fill_fraction,
             bandwidth_p_gbps=bp, bandwidth_h_gbps=bh, pending_resize_bytes=pending, layers=layers,
         )

@@ -108,7 +108,7 @@ def _moe_lines(stats: MoeStats) -> list[str]:
                 [({}, stats.bank_bytes)]),
         *family("freetoken_moe_banks_pinned", "gauge", "1 when the host banks are page-locked.",
                 [({}, stats.banks_pinned)]),
-        *family("freetoken_moe_split_ratio", "gauge", "Current q/m multiplier of the miss split.",
+        *family("freetoken_moe_split_ratio", "gauge", "Moving average of the fraction of cache misses filled (q/m).",
                 [({}, stats.split_ratio)]),
         *family("freetoken_moe_bandwidth_gbps", "gauge",
                 "Profiled bandwidths of the miss split in GB/s (link=p: B_P, link=h: B_H).",

@@ -32,7 +32,7 @@ def make_cache(layers: int, experts: int, slots: int, policy: str = "lru",
     return ExpertCache(banks, slots, torch.device("cpu"), torch.float32, scores)
 
 
-def all_fill(m: int, free: int) -> int:
+def all_fill(m: int, free: int, *_: int) -> int:
     return min(m, free)
 
 
@@ -99,7 +99,7 @@ def test_forced_q_fills_exactly_q_and_marks_the_rest():
     ids = torch.tensor([[1, 2, 3, 4, 5]])
     for q in range(0, 6):
         cache.preload(torch.empty(0, dtype=torch.int64))
-        plan = cache.plan(1, ids, lambda m, free, q=q: min(q, m, free))
+        plan = cache.plan(1, ids, lambda m, free, *_, q=q: min(q, m, free))
         assert (plan.misses, plan.fills, plan.cpu_experts) == (5, q, 5 - q)
         assert int((plan.slot_ids < 0).sum()) == 5 - q
         assert torch.equal(plan.flat_ids, ids + 8)

@@ -17,7 +17,7 @@ from freetoken.offload.banks import ExpertBanks
 from freetoken.offload.cache import ExpertCache
 from freetoken.offload.runtime import OffloadRuntime
 from freetoken.offload.scores import make_scores
-from freetoken.offload.split import R_MIN, MissSplit
+from freetoken.offload.split import PROBE_EVERY, MissSplit
 from freetoken.ops.cpu_moe import relative_rms_error
 
 L, E, H, I, K = 2, 8, 40, 24, 3  # odd-ish sizes; N = 16 experts
@@ -28,15 +28,15 @@ DEVICE = torch.device(os.environ.get("FREETOKEN_TEST_DEVICE", "cpu"))
 class ForcedSplit:
     """Fills exactly ``min(q, m, free)`` misses."""
 
-    ratio = 1.0
+    ratio = fill_fraction = 1.0
 
     def __init__(self, q: int) -> None:
         self.q = q
 
-    def choose(self, m: int, free: int) -> int:
+    def choose(self, m: int, free: int, *_: int) -> int:
         return min(self.q, m, free)
 
-    def observe(self, *args) -> None:
+    def observe(self, *args, **kwargs) -> None:
         pass
 
 
@@ -153,23 +153,49 @@ def test_bf16_within_tolerance(mode):
         assert relative_rms_error(ref, out.float()) < 1e-2
 
 
-def test_split_learns_from_branch_times():
-    split = MissSplit("split", ratio=0.5, eta=0.5)
-    assert split.choose(8, 100) == 4
-    split.observe(4, 8, device_s=1.0, cpu_s=3.0)  # CPU finished last: fill more
-    assert split.ratio > 0.5 and split.choose(8, 100) == 5
-    for _ in range(11):  # from r = 0.64: 0.64 * e^(-0.5 n) reaches R_MIN = 1/256 at n = 11
-        split.observe(8, 8, device_s=2.0, cpu_s=0.0)  # device last: fill less
-    assert split.ratio == R_MIN and split.choose(8, 100) == 1  # q* keeps one fill ...
-    split.observe(1, 8, device_s=2.0, cpu_s=1.0)  # ... until even one fill makes it last
-    assert split.ratio == 0.0 and split.choose(8, 100) == 0
-    split.observe(0, 8, device_s=2.0, cpu_s=1.0)
-    assert split.ratio == 0.0
-    split.observe(0, 8, device_s=0.5, cpu_s=1.0)  # CPU last again: fills come back
-    assert split.ratio == R_MIN and split.choose(8, 100) == 1
-    assert split.choose(0, 100) == 0 and split.choose(8, 0) == 0
+def test_static_q_star_and_fixed_modes():
     static = MissSplit("static", ratio=0.5)
-    static.observe(4, 8, 1.0, 3.0)
-    assert static.ratio == 0.5
+    assert [static.choose(m, 100) for m in (0, 1, 2, 3, 8)] == [0, 1, 1, 2, 4]  # round, >= 1
+    assert static.choose(8, 3) == 3  # capped by fillable slots
+    static.observe(4, 8, 1.0, 3.0, wall_s=3.0)
+    assert static.choose(8, 100) == 4  # never corrected
+    assert MissSplit("all-fill").choose(8, 5) == 5 and MissSplit("all-cpu").choose(8, 5) == 0
+    assert MissSplit("split", ratio=0.5).choose(8, 100) == 4  # q* until both branches measured
     with pytest.raises(ValueError, match="unknown miss split 'x'"):
         MissSplit("x")
+    with pytest.raises(ValueError, match="split ratio B_P/B_H must be a positive number"):
+        MissSplit("split", ratio=0.0)
+
+
+def test_parallel_branches_balance_the_finish_times():
+    """A GPU beside the host: wall = max(branches). Fill 1 s, CPU 3 s per expert: the balance
+    point of 8 misses is q = 6 (device 6 s, CPU 6 s)."""
+    split = MissSplit("split", ratio=0.5)
+    for _ in range(30):
+        q = split.choose(8, 100)
+        dev, cpu = 1.0 * q, 3.0 * (8 - q)
+        split.observe(q, 8, dev, cpu, wall_s=max(dev, cpu))
+    assert split.choose(8, 100) == 6
+    assert split.costs["decode"].sigma == 0.0
+    # the branch that finished last gets less work: a slower CPU moves work to the device
+    split.costs["decode"].c_cpu = 10.0
+    assert split.choose(8, 100) == 8
+
+
+def test_shared_cores_move_work_to_the_cheaper_branch():
+    """The "device" is the CPU: wall = sum(branches). Fill 2 s, CPU 1 s per expert, 1 hit of
+    0.5 s: every miss goes to the CPU, with one probe fill every PROBE_EVERY layers."""
+    split = MissSplit("split", ratio=0.5)
+    chosen = []
+    for _ in range(200):
+        q = split.choose(8, 100, hits=1)
+        dev, cpu = 0.5 + 2.0 * q, 1.0 * (8 - q)
+        split.observe(q, 8, dev, cpu, hits=1, wall_s=dev + cpu)
+        chosen.append(q)
+    assert split.costs["decode"].sigma == pytest.approx(1.0)
+    tail = chosen[50:]
+    assert tail.count(0) >= len(tail) - len(tail) // PROBE_EVERY - 1
+    assert set(tail) <= {0, 1}
+    assert split.fill_fraction < 0.05
+    # prefill keeps its own costs: still the static q*
+    assert split.choose(8, 100, hits=1, tokens=16) == 4

@@ -73,7 +73,7 @@ freetoken_moe_bank_bytes 68719476736
 # HELP freetoken_moe_banks_pinned 1 when the host banks are page-locked.
 # TYPE freetoken_moe_banks_pinned gauge
 freetoken_moe_banks_pinned 1
-# HELP freetoken_moe_split_ratio Current q/m multiplier of the miss split.
+# HELP freetoken_moe_split_ratio Moving average of the fraction of cache misses filled (q/m).
 # TYPE freetoken_moe_split_ratio gauge
 freetoken_moe_split_ratio 0.75
 # HELP freetoken_moe_bandwidth_gbps Profiled bandwidths of the miss split in GB/s (link=p: B_P, link=h: B_H).
