@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
 
 import pytest
 
@@ -18,31 +17,17 @@ from tests.engine.helpers import ids_of, info, request, run_alone, text_of, toke
 V = tokenizer().vocab_size
 
 
-@pytest.fixture
-def engines() -> Iterator[list[AsyncEngine]]:
-    made: list[AsyncEngine] = []
-    yield made
-    for e in made:
-        e.shutdown()
-
-
-def _start(engines: list[AsyncEngine], model, **kw) -> AsyncEngine:
-    e = AsyncEngine(model, tokenizer(), info(eos=()), **kw)
-    engines.append(e)
-    return e
-
-
 async def _collect(engine: AsyncEngine, req: GenerationRequest) -> list[GenerationOutput]:
     return [out async for out in engine.generate(req)]
 
 
-def test_concurrent_requests_queue_and_match_running_alone(engines) -> None:
+def test_concurrent_requests_queue_and_match_running_alone(start_engine) -> None:
     reqs = [request([5, 6, 7], rid="a", temperature=0.9, seed=1, max_tokens=12),
             request([8, 9], rid="b", max_tokens=10),
             request([5, 6, 7], rid="c", temperature=0.9, seed=1, max_tokens=12)]
     alone = [ids_of(run_alone(Engine(RecurrentLM(V, seed=3), tokenizer(), info(eos=())), r)) for r in reqs]
     model = RecurrentLM(V, seed=3)
-    engine = _start(engines, model)
+    engine = start_engine(model)
 
     async def main():
         return await asyncio.gather(*(_collect(engine, r) for r in reqs))
@@ -58,9 +43,9 @@ def test_concurrent_requests_queue_and_match_running_alone(engines) -> None:
     assert len(model.calls) == 3 + 11 + 9 + 11
 
 
-def test_abort_of_a_waiting_request_removes_it_from_the_queue(engines) -> None:
+def test_abort_of_a_waiting_request_removes_it_from_the_queue(start_engine) -> None:
     model = RecurrentLM(V, delay_s=0.01)
-    engine = _start(engines, model)
+    engine = start_engine(model)
 
     async def main():
         a = asyncio.create_task(_collect(engine, request([1, 2], rid="a", max_tokens=60)))
@@ -79,9 +64,9 @@ def test_abort_of_a_waiting_request_removes_it_from_the_queue(engines) -> None:
     assert all(first != 4242 for first, _, _ in model.calls)  # b never reached the model
 
 
-def test_closing_a_running_stream_aborts_it_and_the_next_request_starts_promptly(engines) -> None:
+def test_closing_a_running_stream_aborts_it_and_the_next_request_starts_promptly(start_engine) -> None:
     model = RecurrentLM(V, delay_s=0.01)
-    engine = _start(engines, model)
+    engine = start_engine(model)
 
     async def main():
         stream = engine.generate(request([1, 2], rid="long", max_tokens=2000))
@@ -100,9 +85,9 @@ def test_closing_a_running_stream_aborts_it_and_the_next_request_starts_promptly
     assert engine._engine.runner.num_live_states == 0
 
 
-def test_cancelling_the_consuming_task_aborts_a_running_request(engines) -> None:
+def test_cancelling_the_consuming_task_aborts_a_running_request(start_engine) -> None:
     model = RecurrentLM(V, delay_s=0.01)
-    engine = _start(engines, model)
+    engine = start_engine(model)
 
     async def main():
         seen: list[GenerationOutput] = []
@@ -124,8 +109,8 @@ def test_cancelling_the_consuming_task_aborts_a_running_request(engines) -> None
     assert len(model.calls) < 30
 
 
-def test_model_error_finishes_with_error_and_engine_keeps_serving(engines) -> None:
-    engine = _start(engines, RecurrentLM(V, fail_on_token=77))
+def test_model_error_finishes_with_error_and_engine_keeps_serving(start_engine) -> None:
+    engine = start_engine(RecurrentLM(V, fail_on_token=77))
 
     async def main():
         return (await _collect(engine, request([1, 77], rid="bad")),
@@ -137,8 +122,8 @@ def test_model_error_finishes_with_error_and_engine_keeps_serving(engines) -> No
     assert engine.is_healthy()
 
 
-def test_dead_loop_fails_requests_and_reports_unhealthy(engines) -> None:
-    engine = _start(engines, RecurrentLM(V))
+def test_dead_loop_fails_requests_and_reports_unhealthy(start_engine) -> None:
+    engine = start_engine(RecurrentLM(V))
 
     def boom():
         raise RuntimeError("boom")
@@ -154,16 +139,16 @@ def test_dead_loop_fails_requests_and_reports_unhealthy(engines) -> None:
     ]
 
 
-def test_generate_validates_before_iteration(engines) -> None:
-    engine = _start(engines, RecurrentLM(V))
+def test_generate_validates_before_iteration(start_engine) -> None:
+    engine = start_engine(RecurrentLM(V))
     with pytest.raises(ValueError, match="maximum context length is 4096 tokens, but the prompt has 4096"):
         engine.generate(request([1] * 4096))
     with pytest.raises(ValueError, match="^The prompt is empty"):
         engine.generate(request([]))
 
 
-def test_shutdown_aborts_in_flight_requests(engines) -> None:
-    engine = _start(engines, RecurrentLM(V, delay_s=0.01))
+def test_shutdown_aborts_in_flight_requests(start_engine) -> None:
+    engine = start_engine(RecurrentLM(V, delay_s=0.01))
 
     async def main():
         stream = engine.generate(request([1, 2], rid="s", max_tokens=5000))
@@ -179,9 +164,9 @@ def test_shutdown_aborts_in_flight_requests(engines) -> None:
     assert [(c.finish_reason, c.error) for c in after] == [("error", "the engine is shut down")]
 
 
-def test_streamed_text_matches_sync_engine(engines) -> None:
+def test_streamed_text_matches_sync_engine(start_engine) -> None:
     req = request(tokenizer().encode("Once upon a time"), temperature=0.8, seed=11, max_tokens=30)
     sync = run_alone(Engine(RecurrentLM(V, seed=4), tokenizer(), info(eos=())), req)
-    streamed = asyncio.run(_collect(_start(engines, RecurrentLM(V, seed=4)), req))
+    streamed = asyncio.run(_collect(start_engine(RecurrentLM(V, seed=4)), req))
     assert text_of(streamed) == text_of(sync) == tokenizer().decode(ids_of(sync), skip_special_tokens=True)
     assert [c.completion_tokens for c in streamed] == list(range(1, 31))

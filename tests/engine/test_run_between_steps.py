@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -23,27 +22,13 @@ from tests.server.srv_moe import FakeMoe
 V = tokenizer().vocab_size
 
 
-@pytest.fixture
-def engines() -> Iterator[list[AsyncEngine]]:
-    made: list[AsyncEngine] = []
-    yield made
-    for e in made:
-        e.shutdown()
-
-
-def _start(engines: list[AsyncEngine], model, **kw) -> AsyncEngine:
-    e = AsyncEngine(model, tokenizer(), info(eos=()), **kw)
-    engines.append(e)
-    return e
-
-
 async def _collect(engine: AsyncEngine, req) -> list:
     return [out async for out in engine.generate(req)]
 
 
-def test_idle_engine_runs_the_function_at_once_on_its_thread(engines) -> None:
+def test_idle_engine_runs_the_function_at_once_on_its_thread(start_engine) -> None:
     moe = FakeMoe()
-    engine = _start(engines, RecurrentLM(V), moe=moe)
+    engine = start_engine(RecurrentLM(V), moe=moe)
     assert engine.moe is moe
 
     async def main():
@@ -54,11 +39,11 @@ def test_idle_engine_runs_the_function_at_once_on_its_thread(engines) -> None:
     assert stats.num_slots == 96 and moe.threads == ["freetoken-engine"]
 
 
-def test_functions_run_between_steps_while_a_generation_continues(engines) -> None:
+def test_functions_run_between_steps_while_a_generation_continues(start_engine) -> None:
     req = request([5, 6, 7], rid="g", temperature=0.9, seed=2, max_tokens=40)
     alone = ids_of(run_alone(Engine(RecurrentLM(V, seed=1), tokenizer(), info(eos=())), req))
     model = RecurrentLM(V, seed=1, delay_s=0.005)
-    engine = _start(engines, model)
+    engine = start_engine(model)
     seen: list[tuple[str, int, int]] = []
 
     def probe() -> int:
@@ -82,8 +67,8 @@ def test_functions_run_between_steps_while_a_generation_continues(engines) -> No
     assert any(0 < before < len(model.calls) for _, before, _ in seen)  # some ran mid-generation
 
 
-def test_exceptions_reach_the_caller_and_the_engine_keeps_serving(engines) -> None:
-    engine = _start(engines, RecurrentLM(V))
+def test_exceptions_reach_the_caller_and_the_engine_keeps_serving(start_engine) -> None:
+    engine = start_engine(RecurrentLM(V))
     error = ValueError("boom")
 
     def fail():
@@ -99,9 +84,9 @@ def test_exceptions_reach_the_caller_and_the_engine_keeps_serving(engines) -> No
     assert out[-1].finish_reason == "length" and len(ids_of(out)) == 3 and engine.is_healthy()
 
 
-def test_a_cancelled_call_never_runs(engines) -> None:
+def test_a_cancelled_call_never_runs(start_engine) -> None:
     model = RecurrentLM(V, delay_s=0.2)
-    engine = _start(engines, model)
+    engine = start_engine(model)
     ran: list[str] = []
 
     async def main():
@@ -118,16 +103,16 @@ def test_a_cancelled_call_never_runs(engines) -> None:
     assert asyncio.run(main()) == "after" and ran == []
 
 
-def test_shut_down_engine_refuses(engines) -> None:
-    engine = _start(engines, RecurrentLM(V))
+def test_shut_down_engine_refuses(start_engine) -> None:
+    engine = start_engine(RecurrentLM(V))
     engine.shutdown()
     with pytest.raises(EngineDeadError, match="^the engine is shut down$") as caught:
         asyncio.run(engine.run_between_steps(lambda: 1))
     assert isinstance(caught.value, RuntimeError)
 
 
-def test_loop_death_fails_pending_and_later_calls(engines) -> None:
-    engine = _start(engines, RecurrentLM(V))
+def test_loop_death_fails_pending_and_later_calls(start_engine) -> None:
+    engine = start_engine(RecurrentLM(V))
 
     def boom():
         time.sleep(0.2)
@@ -149,7 +134,7 @@ def test_loop_death_fails_pending_and_later_calls(engines) -> None:
     assert ran == []
 
 
-def test_counters_count_requests_tokens_and_queue(engines) -> None:
+def test_counters_count_requests_tokens_and_queue(start_engine) -> None:
     engine = Engine(RecurrentLM(V), tokenizer(), info(eos=()), max_num_batched_tokens=4)
     assert engine.counters() == EngineCounters()
     chunks: list = []
@@ -168,8 +153,8 @@ def test_counters_count_requests_tokens_and_queue(engines) -> None:
         prompt_tokens=10 + 2, generation_tokens=3 + 5, running=0, waiting=0)
 
 
-def test_async_engine_exposes_the_counters(engines) -> None:
-    engine = _start(engines, RecurrentLM(V))
+def test_async_engine_exposes_the_counters(start_engine) -> None:
+    engine = start_engine(RecurrentLM(V))
     asyncio.run(_collect(engine, request([1, 2, 3], max_tokens=4)))
     assert engine.counters() == EngineCounters(
         requests_added=1, finished={"stop": 0, "length": 1, "abort": 0, "error": 0},
@@ -177,31 +162,33 @@ def test_async_engine_exposes_the_counters(engines) -> None:
 
 
 @pytest.mark.parametrize("arch", ["qwen3_moe"])
-def test_tiny_checkpoint_generation_is_unchanged_by_calls_between_steps(arch, tiny_checkpoint,
-                                                                        engines) -> None:
+def test_tiny_checkpoint_generation_is_unchanged_by_calls_between_steps(arch, tiny_checkpoint
+                                                                        ) -> None:
     engine = AsyncEngine.from_pretrained(tiny_checkpoint(arch), dtype=torch.float32,
                                          max_model_len=128, max_num_batched_tokens=8)
-    engines.append(engine)
-    prompt = tokenizer().encode("<|im_start|>user\nName three colours.<|im_end|>\n"
-                                "<|im_start|>assistant\n")
-    req = request(prompt, max_tokens=24, ignore_eos=True)
-    reference = asyncio.run(_collect(engine, req))
-    threads: list[str] = []
+    try:
+        prompt = tokenizer().encode("<|im_start|>user\nName three colours.<|im_end|>\n"
+                                    "<|im_start|>assistant\n")
+        req = request(prompt, max_tokens=24, ignore_eos=True)
+        reference = asyncio.run(_collect(engine, req))
+        threads: list[str] = []
 
-    def probe() -> int:
-        threads.append(threading.current_thread().name)
-        return engine.counters().generation_tokens
+        def probe() -> int:
+            threads.append(threading.current_thread().name)
+            return engine.counters().generation_tokens
 
-    async def main():
-        task = asyncio.create_task(_collect(engine, req))
-        seen = []
-        while not task.done():
-            seen.append(await engine.run_between_steps(probe))
-            await asyncio.sleep(0)
-        return await task, seen
+        async def main():
+            task = asyncio.create_task(_collect(engine, req))
+            seen = []
+            while not task.done():
+                seen.append(await engine.run_between_steps(probe))
+                await asyncio.sleep(0)
+            return await task, seen
 
-    out, seen = asyncio.run(main())
-    assert ids_of(out) == ids_of(reference) and len(ids_of(out)) == 24
-    assert set(threads) == {"freetoken-engine"} and len(threads) >= 3
-    assert seen == sorted(seen) and 24 <= seen[-1] <= 48  # token count grew between calls
-    assert any(24 < n < 48 for n in seen)  # at least one call landed mid-generation
+        out, seen = asyncio.run(main())
+        assert ids_of(out) == ids_of(reference) and len(ids_of(out)) == 24
+        assert set(threads) == {"freetoken-engine"} and len(threads) >= 3
+        assert seen == sorted(seen) and 24 <= seen[-1] <= 48  # token count grew between calls
+        assert any(24 < n < 48 for n in seen)  # at least one call landed mid-generation
+    finally:
+        engine.shutdown()
