@@ -130,6 +130,9 @@ def run(args: argparse.Namespace) -> list[dict]:
         ``model``, ``prefill_tokens``, ``decode_tokens``, ``random_weights`` (a ``make-tiny``
         checkpoint: its stamp file is present).
     """
+    if not args.traces.is_dir():
+        raise SystemExit(f"bench_moe_replay: no traces folder at {args.traces}; pass --traces DIR "
+                         "(the project's shared/traces) or set FREETOKEN_SHARED")
     t0 = time.perf_counter()
     path, prefill, decode, model = record_conversations(args)
     recorded_s = time.perf_counter() - t0

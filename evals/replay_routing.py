@@ -35,6 +35,8 @@ from pathlib import Path
 
 import numpy as np
 
+from freetoken.paths import shared_dir
+
 from freetoken.offload import (
     LRU,
     Belady,
@@ -51,7 +53,7 @@ from freetoken.offload import (
     uniform_hot_set,
 )
 
-DEFAULT_ROUTING = Path(__file__).resolve().parents[1].parent / "shared" / "routing"
+DEFAULT_ROUTING = shared_dir() / "routing"
 COLUMNS = ["LRU", "LFU-d", "LFU/LRU", "st-unif", "st-warm", "pf-hot", "oracle", "orc/LRU", "MIN", "MIN+byp"]
 
 
@@ -143,6 +145,9 @@ def main() -> None:
     args = ap.parse_args()
     if not all(0 < f <= 1 for f in args.fractions) or not 0 <= args.warmup_frac < 1:
         ap.error("fractions must lie in (0, 1] and --warmup-frac in [0, 1)")
+    if not args.routing.is_dir():
+        ap.error(f"no routing folder at {args.routing}; pass --routing DIR (the project's "
+                 "shared/routing) or set FREETOKEN_SHARED")
     paths = sorted(args.routing.glob("*.npz"))
     if not paths:
         ap.error(f"no *.npz routing traces in {args.routing}")

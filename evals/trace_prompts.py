@@ -14,9 +14,10 @@ import json
 from pathlib import Path
 
 from freetoken.chat.template import ChatTemplate, TemplateError
+from freetoken.paths import shared_dir
 from freetoken.tokenizer.tokenizer import Tokenizer
 
-DEFAULT_TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
+DEFAULT_TRACES = shared_dir() / "traces"
 
 
 def _text(content: object) -> str:

@@ -55,7 +55,7 @@ def _add_moe_options(p: argparse.ArgumentParser) -> None:
                    help="resident: all experts on the device; offload: every cache miss filled; "
                         "cpu: every miss run on the CPU kernel; hybrid: the q* split; auto "
                         "(default): resident when the model fits the device, else hybrid")
-    g.add_argument("--moe-cache-slots", default=None, metavar="SIZE",
+    g.add_argument("--moe-cache-slots", default=None, metavar="SIZE", type=_cache_spec,
                    help="expert cache size: slots (96), a fraction of all experts (0.25) or bytes "
                         "(2GiB); default 25%% on cpu, free memory less a reserve on cuda")
     g.add_argument("--moe-policy", choices=POLICIES, default="lru",
@@ -67,7 +67,18 @@ def _add_moe_options(p: argparse.ArgumentParser) -> None:
                    help="log an expert-cache summary every STEPS engine steps (0: never)")
     g.add_argument("--record-routing", type=Path, default=None, metavar="FILE",
                    help="record every MoE layer's top-k expert ids to FILE (.npz, the format of "
-                        "shared/routing) for policy replay; written at shutdown")
+                        "shared/routing) for policy replay; written when the server stops")
+
+
+def _cache_spec(text: str) -> str:
+    """argparse ``type`` for ``--moe-cache-slots``: checked now, kept as text."""
+    from freetoken.offload.backend import parse_cache_spec
+
+    try:
+        parse_cache_spec(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
 
 
 def _add_make_tiny(sub: argparse._SubParsersAction) -> None:
@@ -89,7 +100,7 @@ def _size(text: str) -> int:
     from freetoken.offload.control import parse_bytes
 
     try:
-        return parse_bytes(text)
+        return parse_bytes(text, require_unit=True)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 

@@ -26,8 +26,10 @@ class CtlError(Exception):
 
 def server_url(flag: str | None) -> str:
     """The server base URL: ``flag``, else ``$FREETOKEN_URL``, else ``DEFAULT_URL``, without a
-    trailing slash; ``host:port`` without a scheme means ``http://host:port``."""
+    trailing slash or an OpenAI-style ``/v1`` suffix; ``host:port`` without a scheme means
+    ``http://host:port``."""
     url = (flag or os.environ.get("FREETOKEN_URL") or DEFAULT_URL).strip().rstrip("/")
+    url = url.removesuffix("/v1").rstrip("/")
     return url if "://" in url else f"http://{url}"
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import socket
 import sys
 import time
@@ -74,27 +75,55 @@ def base_url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-def moe_settings(args: argparse.Namespace, path: Path):
-    """``(MoeConfig, (B_P, B_H) GB/s or None)`` from the serve flags.
+def _interrupt(signum, frame) -> None:
+    """SIGTERM handler: stop like Ctrl-C, so the engine shuts down and recordings are saved."""
+    raise KeyboardInterrupt
+
+
+def check_moe_flags(args: argparse.Namespace):
+    """Validate the device and MoE flags before anything loads; returns the ``MoeConfig``.
+
+    Raises:
+        ValueError: an unknown or unavailable device, bad MoE settings, or a ``--record-routing``
+            path that cannot be written.
+    """
+    import torch
+
+    from freetoken.offload.backend import MoeConfig
+
+    try:
+        device = torch.device(args.device)
+    except RuntimeError:
+        raise ValueError(f"--device must be cpu or cuda[:i], got {args.device!r}") from None
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"--device must be cpu or cuda[:i], got {args.device!r}")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is available to torch")
+    record = args.record_routing
+    if record is not None and (record.is_dir() or not record.parent.is_dir()):
+        raise ValueError(f"--record-routing {record}: need a file path in an existing folder")
+    moe = MoeConfig(backend=args.moe_backend, cache=args.moe_cache_slots, policy=args.moe_policy,
+                    log_every=args.moe_log_every)
+    if args.moe_backend == "resident" or (args.moe_backend == "auto" and device.type == "cpu"):
+        if args.moe_cache_slots is not None:
+            _say(f"note: --moe-cache-slots has no effect: --moe-backend {args.moe_backend} keeps "
+                 "every expert resident" + (" on a CPU device" if args.moe_backend == "auto" else ""))
+    return moe
+
+
+def moe_settings(args: argparse.Namespace, path: Path, moe):
+    """``(moe, (B_P, B_H) GB/s or None)`` for the checked ``MoeConfig`` ``moe``.
 
     The bandwidths come from ``--moe-profile``, else from the stored profile of this model and
     device; when the hybrid split may be used and no profile exists, a quick one (about 1 s) is
     measured now and stored (``freetoken profile`` measures longer).
 
     Raises:
-        ValueError: bad MoE flags, an unavailable device, or a corrupt profile file.
+        ValueError: a missing or corrupt profile file.
     """
     import torch
 
-    from freetoken.offload.backend import MoeConfig
-
     device = torch.device(args.device)
-    if device.type not in ("cpu", "cuda"):
-        raise ValueError(f"--device must be cpu or cuda[:i], got {args.device!r}")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda: no CUDA device is available to torch")
-    moe = MoeConfig(backend=args.moe_backend, cache=args.moe_cache_slots, policy=args.moe_policy,
-                    log_every=args.moe_log_every)
     may_split = args.moe_backend == "hybrid" or (args.moe_backend == "auto" and device.type == "cuda")
     if args.moe_profile is None and not may_split:
         return moe, None
@@ -138,6 +167,7 @@ def serve(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
+        moe = check_moe_flags(args)
         path = resolve_model(args.model)
         name = args.served_model_name or path.name
         config = ServerConfig(served_model_name=name, max_output_tokens=args.max_output_tokens,
@@ -154,7 +184,7 @@ def serve(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     _say(f"loading {path} ({args.dtype}, {args.device})")
     try:
-        moe, bandwidths = moe_settings(args, path)
+        moe, bandwidths = moe_settings(args, path, moe)
         engine = AsyncEngine.from_pretrained(
             path, dtype=dtype, device=args.device, max_model_len=args.max_model_len,
             progress=_say, moe=moe, bandwidths=bandwidths, record_routing=args.record_routing)
@@ -171,9 +201,10 @@ def serve(args: argparse.Namespace) -> int:
     for method, route, what in ENDPOINTS:
         _say(f"  {method:4} {base}{route}  ({what})")
     server = uvicorn.Server(uvicorn.Config(app, log_level=args.log_level))
+    signal.signal(signal.SIGTERM, _interrupt)  # uvicorn re-raises it after a graceful shutdown
     try:
         server.run(sockets=[sock])
-    except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C after a graceful shutdown
+    except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C / SIGTERM after a graceful shutdown
         _say("stopped")
     finally:
         sock.close()

@@ -1,4 +1,5 @@
-"""Filesystem locations: the repo's templates/ folder and the per-user cache directory."""
+"""Filesystem locations: the repo's templates/ folder, the per-user cache directory and the
+project's read-only shared data (``../shared``: real agent traces, recorded MoE routing)."""
 
 from __future__ import annotations
 
@@ -15,3 +16,10 @@ def cache_dir() -> Path:
     root = Path(os.environ.get("FREETOKEN_CACHE", Path.home() / ".cache" / "freetoken"))
     root.mkdir(parents=True, exist_ok=True)
     return root
+
+
+def shared_dir() -> Path:
+    """The shared data folder: ``$FREETOKEN_SHARED``, else ``shared/`` beside the repository
+    (``traces/``, ``routing/``, ``research/``). It is not part of the repository and may be absent;
+    callers check and say so."""
+    return Path(os.environ.get("FREETOKEN_SHARED", REPO_ROOT.parent / "shared"))

@@ -57,10 +57,10 @@ def run_profile(args: argparse.Namespace) -> int:
         profile = measure_profile(config, device=device, bank_dtype=bank_dtype,
                                   seconds=args.seconds, model=str(Path(args.model).resolve()))
         out = args.out or default_profile_path(args.model, device, bank_dtype)
-    except (FileNotFoundError, ValueError) as exc:
+        save_profile(profile, out)
+    except (OSError, ValueError) as exc:
         print(f"freetoken profile: error: {exc}", file=sys.stderr)
         return 2
-    save_profile(profile, out)
     mib = profile.expert_bytes / 2**20
     print(f"model {profile.model}: H={profile.hidden} I={profile.intermediate}, "
           f"expert {mib:.2f} MiB at {bank_dtype}")

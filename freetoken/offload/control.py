@@ -135,23 +135,35 @@ class MoeRuntimeControl(Protocol):
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$", re.ASCII)
+MAX_BYTES = 2**62  # anything larger is a typo, not a memory size
 
 
-def parse_bytes(text: str) -> int:
+def parse_bytes(text: str, require_unit: bool = False) -> int:
     """``"2GiB"`` / ``"1.5GB"`` / ``"512MiB"`` / ``"1048576"`` -> bytes (int, >= 1).
 
     Units: B, KB/MB/GB/TB (powers of 1000), KiB/MiB/GiB/TiB (powers of 1024), case-insensitive.
 
+    Args:
+        text: the size.
+        require_unit: reject a bare number (``"16"`` is ambiguous where slots are also counted).
+
     Raises:
-        ValueError: not a number with a known unit, or zero.
+        ValueError: not a number with a known unit, a missing unit when required, zero, or more
+            than :data:`MAX_BYTES`.
     """
     match = _SIZE.match(text)
     unit = match.group(2).lower() if match else None
     if match is None or unit not in _UNITS:
         raise ValueError(f"invalid size {text!r}: expected a number with an optional unit "
                          "(B, KB, MB, GB, TB, KiB, MiB, GiB, TiB), e.g. 2GiB")
-    value = int(float(match.group(1)) * _UNITS[unit])
+    if require_unit and not unit:
+        raise ValueError(f"invalid size {text!r}: give a unit, e.g. {text.strip()}MiB or "
+                         f"{text.strip()}B (a bare number is ambiguous)")
+    value = float(match.group(1)) * _UNITS[unit]
+    if value > MAX_BYTES:
+        raise ValueError(f"invalid size {text!r}: larger than {MAX_BYTES} bytes")
+    value = int(value)
     if value < 1:
         raise ValueError(f"invalid size {text!r}: must be at least 1 byte")
     return value

@@ -147,6 +147,8 @@ def load_profile(path: str | Path) -> MoeProfile | None:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         return None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"cannot read MoE profile {path}: {exc}") from None
     try:
         return MoeProfile.from_json(text)
     except ValueError as exc:
@@ -201,8 +203,8 @@ def measure_profile(
         raise ValueError("device 'cuda' requested but torch.cuda.is_available() is False")
     if bank_dtype not in BANK_DTYPES:
         raise ValueError(f"bank_dtype must be one of {sorted(BANK_DTYPES)}, got {bank_dtype!r}")
-    if not seconds > 0:
-        raise ValueError(f"seconds must be positive, got {seconds}")
+    if not 0 < seconds <= 3600:
+        raise ValueError(f"seconds must be in (0, 3600], got {seconds}")
     from freetoken.ops.cpu_moe import cpu
 
     hidden, inter, k = config.hidden_size, config.moe_intermediate_size, config.num_experts_per_tok

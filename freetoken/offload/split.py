@@ -90,7 +90,7 @@ class MissSplit:
         self.mode = mode
         self.ratio = float(ratio)
         self.eta = float(eta)
-        self.fill_fraction = min(1.0, self.ratio)
+        self.fill_fraction = {"all-fill": 1.0, "all-cpu": 0.0}.get(mode, min(1.0, self.ratio))
         self.costs = {"decode": BranchCosts(), "prefill": BranchCosts()}
 
     @property
@@ -140,7 +140,7 @@ class MissSplit:
     def observe(self, q: int, misses: int, device_s: float, cpu_s: float, *, hits: int = 0,
                 tokens: int = 1, wall_s: float | None = None) -> None:
         """Learn from one layer: q of m misses filled, h hits, branch and wall seconds."""
-        if misses > 0:
+        if misses > 0 and self.mode in ("split", "static"):
             self.fill_fraction = _ema(self.fill_fraction, q / misses)
         if not self.online or misses <= 0:
             return

@@ -38,7 +38,7 @@ _JSON_TYPES = {type(None): "null", bool: "a boolean", float: "a non-integer numb
 def parse_resize_body(raw: bytes) -> int:
     """The requested cache size in bytes of a ``POST /v1/freetoken/memory`` body.
 
-    ``{"expert_cache": "2GiB"}`` (a size string, see ``parse_bytes``) or
+    ``{"expert_cache": "2GiB"}`` (a size string with a unit, see ``parse_bytes``) or
     ``{"expert_cache": 2147483648}`` (an integer number of bytes).
 
     Raises:
@@ -56,7 +56,7 @@ def parse_resize_body(raw: bytes) -> int:
     value: Any = data[FIELD]
     if isinstance(value, str):
         try:
-            return parse_bytes(value)
+            return parse_bytes(value, require_unit=True)
         except ValueError as exc:
             raise bad_request(f"{FIELD}: {exc}", param=FIELD) from None
     if isinstance(value, int) and not isinstance(value, bool):

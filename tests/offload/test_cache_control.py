@@ -8,8 +8,6 @@ on real recorded routing (../shared/routing) and on hand-made groups.
 from __future__ import annotations
 
 import json
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
@@ -18,8 +16,9 @@ from freetoken.offload import LRU, DecayedLFU
 from freetoken.offload.banks import ExpertBanks
 from freetoken.offload.cache import ExpertCache
 from freetoken.offload.scores import make_scores
+from freetoken.paths import shared_dir
 
-ROUTING = Path(__file__).resolve().parents[2].parent / "shared" / "routing"
+ROUTING = shared_dir() / "routing"
 
 
 def make_cache(layers: int, experts: int, slots: int, policy: str = "lru",
@@ -36,7 +35,32 @@ def all_fill(m: int, free: int, *_: int) -> int:
     return min(m, free)
 
 
+def synthetic_steps(max_steps: int, layers: int = 48, experts: int = 128,
+                    k: int = 6) -> list[np.ndarray]:
+    """Routing with locality when the shared recordings are absent: per layer a fixed Zipf-like
+    popularity, and each token keeps half of the previous token's experts."""
+    rng = np.random.default_rng(0)
+    popularity = 1.0 / np.arange(1, experts + 1) ** 1.1
+    perms = [rng.permutation(experts) for _ in range(layers)]
+    prev = [rng.choice(experts, k, replace=False) for _ in range(layers)]
+    steps = []
+    for _ in range(max_steps):
+        row = np.empty((layers, k), np.int64)
+        for l in range(layers):
+            keep = prev[l][: k // 2]
+            p = popularity.copy()
+            p[np.isin(perms[l], keep)] = 0
+            new = rng.choice(perms[l], k - keep.size, replace=False, p=p / p.sum())
+            row[l] = prev[l] = np.concatenate([keep, new])
+        steps.append(row)
+    return steps
+
+
 def recorded_steps(name: str, max_steps: int) -> tuple[list[np.ndarray], int, int]:
+    """Decode rows of a recorded trace in ../shared/routing, or synthetic ones without it."""
+    if not (ROUTING / name).is_file():
+        steps = synthetic_steps(max_steps)
+        return steps, steps[0].shape[0], 128
     z = np.load(ROUTING / name)
     meta = json.loads(str(z["meta"]))
     ids = z["topk_ids"].astype(np.int64)[:max_steps]  # [steps, L, k]

@@ -44,7 +44,7 @@ def test_get_reports_the_cache_from_between_steps(srv) -> None:
     ("2.5GiB", 5 * 2**29, 160),
     (" 512 mib ", 512 * MIB, 32),
     (160 * 16 * MIB + 5, 160 * 16 * MIB + 5, 160),
-    ("1", 1, 1),  # below one slot: the runtime keeps one
+    ("1B", 1, 1),  # below one slot: the runtime keeps one
 ])
 def test_post_resizes_now(srv, value, num_bytes, slots) -> None:
     srv.engine.moe = moe = FakeMoe(slots=96)
@@ -70,6 +70,10 @@ BAD_BODIES = [
      "expert_cache"),
     (b'{"expert_cache": "0GiB"}', "expert_cache: invalid size '0GiB': must be at least 1 byte",
      "expert_cache"),
+    (b'{"expert_cache": "16"}', "expert_cache: invalid size '16': give a unit, e.g. 16MiB or 16B "
+     "(a bare number is ambiguous)", "expert_cache"),
+    (b'{"expert_cache": "' + b"9" * 400 + b'GiB"}', "expert_cache: invalid size '" + "9" * 400
+     + "GiB': larger than 4611686018427387904 bytes", "expert_cache"),
     (b'{"expert_cache": 0}', "expert_cache: must be at least 1 byte, got 0", "expert_cache"),
     (b'{"expert_cache": -4096}', "expert_cache: must be at least 1 byte, got -4096",
      "expert_cache"),

@@ -21,6 +21,15 @@ from freetoken.launch import base_url, serve
         (["--max-output-tokens", "0"], "argument --max-output-tokens: must be >= 1, got 0"),
         (["--max-model-len", "1"], "argument --max-model-len: must be >= 2, got 1"),
         (["--max-model-len", "lots"], "argument --max-model-len: invalid int value: 'lots'"),
+        (["--moe-cache-slots", "0"], "argument --moe-cache-slots: invalid --moe-cache-slots '0': "
+                                     "need at least 1 slot"),
+        (["--moe-cache-slots", "1.5"], "argument --moe-cache-slots: invalid --moe-cache-slots "
+                                       "'1.5': a fraction must be in (0, 1]"),
+        (["--moe-cache-slots", "abc"], "argument --moe-cache-slots: invalid --moe-cache-slots "
+                                       "'abc': give slots (96), a fraction of all experts (0.25) "
+                                       "or a size (2GiB)"),
+        (["--moe-backend", "gpu"], "argument --moe-backend: invalid choice: 'gpu' (choose from "
+                                   "'resident', 'offload', 'cpu', 'hybrid', 'auto')"),
     ],
 )
 def test_out_of_range_flags_are_usage_errors(flags, message, capsys):
@@ -74,6 +83,27 @@ def test_unloadable_model_is_one_error_line(tiny_checkpoint, capsys):
         f"{path}, got 999999999"
     )
     assert not any("listening" in line for line in out)
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--device", "xyz"], "--device must be cpu or cuda[:i], got 'xyz'"),
+    (["--device", ""], "--device must be cpu or cuda[:i], got ''"),
+    (["--device", "meta"], "--device must be cpu or cuda[:i], got 'meta'"),
+])
+def test_bad_device_is_refused_before_loading(fake_checkpoint, capsys, flags, message):
+    args = build_parser().parse_args(["serve", "--model", str(fake_checkpoint), "--port", "0",
+                                      *flags])
+    assert serve(args) == 2
+    assert capsys.readouterr().out == f"[freetoken] error: {message}\n"
+
+
+def test_unwritable_routing_record_is_refused_before_loading(fake_checkpoint, tmp_path, capsys):
+    for bad in (tmp_path, tmp_path / "missing" / "x.npz"):
+        args = build_parser().parse_args(["serve", "--model", str(fake_checkpoint), "--port", "0",
+                                          "--record-routing", str(bad)])
+        assert serve(args) == 2
+        assert capsys.readouterr().out == (
+            f"[freetoken] error: --record-routing {bad}: need a file path in an existing folder\n")
 
 
 def test_base_url_brackets_ipv6():
