@@ -45,6 +45,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_moe_options(p: argparse.ArgumentParser) -> None:
+    from freetoken.offload.banks import EXPERT_FORMATS
     from freetoken.offload.control import MOE_BACKENDS
     from freetoken.offload.scores import POLICIES
 
@@ -58,6 +59,9 @@ def _add_moe_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--moe-cache-slots", default=None, metavar="SIZE", type=_cache_spec,
                    help="expert cache size: slots (96), a fraction of all experts (0.25) or bytes "
                         "(2GiB); default 25%% on cpu, free memory less a reserve on cuda")
+    g.add_argument("--moe-expert-format", choices=EXPERT_FORMATS, default="dense",
+                   help="host expert banks: dense (default; bf16 or fp32 as stored), or 4-bit mxfp4 / "
+                        "q4g, quantised at load (H and I must be multiples of 32)")
     g.add_argument("--moe-policy", choices=POLICIES, default="lru",
                    help="expert cache eviction policy (default lru)")
     g.add_argument("--moe-profile", type=Path, default=None, metavar="FILE",

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from freetoken.offload.banks import EXPERT_FORMATS
 from freetoken.offload.control import MOE_BACKENDS, parse_bytes
 from freetoken.offload.scores import POLICIES
 from freetoken.offload.split import MODES
@@ -47,6 +48,8 @@ class MoeConfig:
         eta: online correction gain of the split.
         preload: fill the cache with a uniform hot set at load (every backend but resident).
         log_every: summary log line every this many steps (0 = never).
+        expert_format: host bank format: ``dense`` (the bank dtype), or the 4-bit ``mxfp4`` /
+            ``q4g`` (quantised once at load; every backend then computes the dequantised values).
 
     Raises:
         ValueError: unknown backend / policy / split, bad cache spec, bad ratio or eta.
@@ -60,6 +63,7 @@ class MoeConfig:
     eta: float = 0.3
     preload: bool = True
     log_every: int = 0
+    expert_format: str = "dense"
 
     def __post_init__(self) -> None:
         if self.backend not in MOE_BACKENDS:
@@ -74,6 +78,12 @@ class MoeConfig:
             parse_cache_spec(self.cache)
         if self.ratio is not None and not self.ratio > 0:
             raise ValueError(f"split ratio must be > 0, got {self.ratio}")
+        if self.expert_format not in EXPERT_FORMATS:
+            raise ValueError(f"unknown --moe-expert-format {self.expert_format!r}; choose one of "
+                             f"{', '.join(EXPERT_FORMATS)}")
+        if self.backend == "resident" and self.expert_format != "dense":
+            raise ValueError(f"--moe-expert-format {self.expert_format} needs host expert banks: "
+                             "use --moe-backend offload, cpu or hybrid")
         if self.eta < 0 or self.log_every < 0:
             raise ValueError("eta and log_every must be >= 0")
 

@@ -12,6 +12,10 @@ Row ``n`` of both banks is one complete expert. The checkpoint loader copies eac
 are page-locked when a CUDA device is present (in place with ``cudaHostRegister``, else by one
 copy; never before filling), so cache fills can be asynchronous DMA; when pinning fails they stay
 pageable and everything still works.
+
+Optionally the filled banks are converted once to a 4-bit kernel format (:meth:`quantize`: MXFP4 or
+q4g, ``--moe-expert-format``): the CPU kernel then reads 4-bit codes, and a cache fill copies the
+codes of one expert and dequantises them into its slot, so device and CPU compute the same values.
 """
 
 from __future__ import annotations
@@ -21,6 +25,9 @@ import logging
 import torch
 
 from freetoken.models.loader import WeightTarget
+from freetoken.ops.cpu_moe.formats import ExpertBankView, build_banks, dequantize_bank
+
+EXPERT_FORMATS = ("dense", "mxfp4", "q4g")
 
 logger = logging.getLogger("freetoken.offload")
 
@@ -58,16 +65,56 @@ class ExpertBanks:
         self.gate_up = torch.empty(n, 2 * intermediate, hidden, dtype=dtype)
         self.down = torch.empty(n, hidden, intermediate, dtype=dtype)
         self.pinned = False
+        self.format = "dense"
+        self.view: ExpertBankView | None = None  # the 4-bit banks after :meth:`quantize`
 
     @property
     def num_ids(self) -> int:
         """N = L * E flat expert ids."""
-        return self.gate_up.shape[0]
+        return self.num_layers * self.num_experts
 
     @property
     def expert_bytes(self) -> int:
-        """Bytes of one expert in the banks (``3 * I * H * element size``)."""
+        """Bytes of one expert in the banks (dense: ``3 * I * H * element size``; 4-bit: codes,
+        scales and zero points)."""
+        if self.view is not None:
+            return self.view.expert_nbytes()
         return 3 * self.intermediate * self.hidden * self.gate_up.element_size()
+
+    def kernel_view(self) -> ExpertBankView:
+        """The banks as the C++ kernel's ``ExpertBankView`` (dense or 4-bit)."""
+        return self.view if self.view is not None else ExpertBankView.dense(self.gate_up, self.down)
+
+    def quantize(self, fmt: str, group_size: int = 32) -> None:
+        """Convert the filled dense banks to ``fmt`` (``mxfp4`` or ``q4g``) and free them.
+
+        Raises:
+            ValueError: unknown format, already quantised, or H / I not multiples of the group.
+        """
+        if fmt not in EXPERT_FORMATS or fmt == "dense":
+            raise ValueError(f"expert format must be mxfp4 or q4g, got {fmt!r}")
+        if self.view is not None:
+            raise ValueError(f"the banks are already {self.format}")
+        self.view = build_banks(self.gate_up, self.down, fmt, group_size=group_size)
+        self.gate_up = self.down = None
+        self.format = fmt
+
+    def rows(self, ids: list[int], device: torch.device | str = "cpu",
+             non_blocking: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """Experts ``ids`` as dense ``(gate_up [n, 2I, H], down [n, H, I])`` on ``device``.
+
+        Dense banks: the bank dtype. 4-bit banks: the codes are moved to ``device`` and dequantised
+        there (fp32, exactly the values the CPU kernel uses).
+        """
+        index = torch.tensor(ids, dtype=torch.int64)
+        if self.view is None:
+            gu = self.gate_up.index_select(0, index).to(device, non_blocking=non_blocking)
+            dn = self.down.index_select(0, index).to(device, non_blocking=non_blocking)
+            return gu, dn
+        v = self.view
+        gu = tuple(t.index_select(0, index).to(device, non_blocking=non_blocking) for t in v.gate_up)
+        dn = tuple(t.index_select(0, index).to(device, non_blocking=non_blocking) for t in v.down)
+        return dequantize_bank(v.format, gu), dequantize_bank(v.format, dn)
 
     @property
     def nbytes(self) -> int:
@@ -103,7 +150,7 @@ class ExpertBanks:
         pinned memory; if that fails too (e.g. the locked-memory limit) it logs a warning and
         keeps the pageable banks.
         """
-        if self.pinned or not torch.cuda.is_available():
+        if self.pinned or not torch.cuda.is_available() or self.view is not None:
             return self.pinned
         try:
             cudart = torch.cuda.cudart()

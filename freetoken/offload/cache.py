@@ -176,6 +176,14 @@ class ExpertCache:
 
     def _copy_rows(self, ids: list[int], slots: list[int]) -> None:
         b = self.banks
+        if not ids:
+            return
+        if b.view is not None:  # 4-bit banks: move the codes, dequantise on the device
+            gate_up, down = b.rows(ids, self.device)
+            index = torch.tensor(slots, dtype=torch.int64, device=self.device)
+            self.gate_up.index_copy_(0, index, gate_up.to(self.dtype))
+            self.down.index_copy_(0, index, down.to(self.dtype))
+            return
         non_blocking = b.pinned and self.device.type == "cuda"
         for n, s in zip(ids, slots):
             self.gate_up[s].copy_(b.gate_up[n], non_blocking=non_blocking)
@@ -233,5 +241,6 @@ class ExpertCache:
         assert torch.equal(self.slot_of[held], held_slots), "slot_of and id_of disagree"
         assert int((self.slot_of >= 0).sum()) == held.numel(), "slot_of names an empty slot"
         for s, n in zip(held_slots.tolist(), held.tolist()):
-            assert torch.equal(self.gate_up[s].cpu(), self.banks.gate_up[n].to(self.dtype)), s
-            assert torch.equal(self.down[s].cpu(), self.banks.down[n].to(self.dtype)), s
+            gate_up, down = self.banks.rows([n])
+            assert torch.equal(self.gate_up[s].cpu(), gate_up[0].to(self.dtype)), s
+            assert torch.equal(self.down[s].cpu(), down[0].to(self.dtype)), s

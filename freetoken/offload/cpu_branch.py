@@ -78,7 +78,7 @@ class CpuBranch:
 
     def __init__(self, banks: ExpertBanks) -> None:
         self.banks = banks
-        self.uses_kernel = _kernel_supports(banks.dtype)
+        self.uses_kernel = banks.view is not None or _kernel_supports(banks.dtype)
         if not self.uses_kernel:
             logger.warning("the C++ expert kernel does not take %s banks; the CPU branch runs "
                            "in plain torch", banks.dtype)
@@ -104,7 +104,8 @@ class CpuBranch:
             from freetoken.ops.cpu_moe import cpu
 
             started = time.perf_counter()
-            return _Kernel(cpu.submit(x, token_ids, flat_ids, weights, b.gate_up, b.down), started)
+            return _Kernel(cpu.submit_banks(x, token_ids, flat_ids, weights, b.kernel_view()),
+                           started)
         started = time.perf_counter()
         out = cpu_moe_reference(x, token_ids, flat_ids, weights, b.gate_up, b.down)
         return _Done(out, time.perf_counter() - started)

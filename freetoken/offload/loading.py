@@ -123,6 +123,8 @@ def build_offloaded(model_cls: type[DecoderLM], config: ModelConfig, checkpoint:
 
     model = model_cls(config, dtype=dtype, device=device, experts_factory=factory)
     load_weights(checkpoint, model.weight_targets())
+    if moe.expert_format != "dense":
+        banks.quantize(moe.expert_format)
     if device.type == "cuda":
         banks.pin()
     slot_bytes = 3 * banks.hidden * banks.intermediate * torch.empty(0, dtype=dtype).element_size()
@@ -141,6 +143,7 @@ def build_offloaded(model_cls: type[DecoderLM], config: ModelConfig, checkpoint:
     model.moe_runtime = runtime
     logger.info("moe backend %s: %d of %d experts cached on %s (%.1f MiB), banks %.1f MiB %s%s",
                 backend, slots, banks.num_ids, device, slots * slot_bytes / 2**20,
-                banks.nbytes / 2**20, str(bdtype).removeprefix("torch."),
+                banks.nbytes / 2**20,
+                moe.expert_format if banks.view is not None else str(bdtype).removeprefix("torch."),
                 " pinned" if banks.pinned else "")
     return model

@@ -108,3 +108,27 @@ def test_banks_hold_the_checkpoint_experts(tiny_checkpoint):
         assert torch.equal(banks.gate_up[l * e:(l + 1) * e].float(), block.experts.gate_up)
         assert torch.equal(banks.down[l * e:(l + 1) * e].float(), block.experts.down)
     assert not any("experts" in name for name, _ in model.named_parameters())
+
+
+@pytest.mark.parametrize("fmt", ["q4g", "mxfp4"])
+def test_4bit_banks_generate_the_dequantised_resident_tokens(tiny_checkpoint, fmt):
+    """With ``--moe-expert-format`` every backend serves the dequantised experts: 64 greedy tokens
+    equal those of the resident model whose expert weights are replaced by the same values."""
+    path = tiny_checkpoint("qwen3_next")
+    outputs = {}
+    for backend in ("offload", "cpu", "hybrid"):
+        model = load_model(path, moe=MoeConfig(backend=backend, cache="0.25", expert_format=fmt),
+                           device=DEVICE)
+        banks = model.moe_runtime.banks
+        assert banks.format == fmt and banks.gate_up is None
+        outputs[backend] = greedy(model)
+    gate_up, down = banks.kernel_view().dequantize()
+    resident = load_model(path, device=DEVICE)
+    for l, block in enumerate(resident.moe_blocks()):
+        e = block.num_experts
+        block.experts.gate_up.copy_(gate_up[l * e:(l + 1) * e])
+        block.experts.down.copy_(down[l * e:(l + 1) * e])
+    expected = greedy(resident)
+    assert outputs == {"offload": expected, "cpu": expected, "hybrid": expected}
+    with pytest.raises(ValueError, match="--moe-expert-format q4g needs host expert banks"):
+        MoeConfig(backend="resident", expert_format="q4g")

@@ -199,3 +199,34 @@ def test_shared_cores_move_work_to_the_cheaper_branch():
     assert split.fill_fraction < 0.05
     # prefill keeps its own costs: still the static q*
     assert split.choose(8, 100, hits=1, tokens=16) == 4
+
+
+@pytest.mark.parametrize("fmt", ["mxfp4", "q4g"])
+@pytest.mark.parametrize("mode", ["all-fill", "all-cpu", "split"])
+def test_4bit_banks_match_their_dequantised_dense_reference(fmt, mode):
+    """With 4-bit banks the device fills (dequantised codes) and the CPU kernel (codes decoded in
+    the kernel) compute the same values: the layer equals dense math on the dequantised banks."""
+    banks = ExpertBanks(L, E, 64, 32, torch.bfloat16)  # H, I multiples of 32
+    gen = torch.Generator().manual_seed(7)
+    banks.gate_up.copy_(torch.randn(banks.gate_up.shape, generator=gen) * 0.2)
+    banks.down.copy_(torch.randn(banks.down.shape, generator=gen) * 0.2)
+    dense_bytes = banks.expert_bytes
+    banks.quantize(fmt)
+    assert banks.gate_up is None and banks.expert_bytes < dense_bytes / 3
+    gate_up, down = banks.kernel_view().dequantize()
+    runtime = make_runtime(banks, 5, MissSplit(mode, ratio=0.5), preload=[3, 9])
+    for t, seed in ((1, 0), (1, 1), (6, 2), (1, 3), (17, 4)):
+        gen = torch.Generator().manual_seed(seed)
+        x = torch.randn(t, 64, generator=gen).to(DEVICE)
+        ids = torch.stack([torch.randperm(E, generator=gen)[:K] for _ in range(t)]).to(DEVICE)
+        w = torch.softmax(torch.randn(t, K, generator=gen), dim=-1).to(DEVICE)
+        layer = seed % L
+        runtime.begin_step()
+        out = runtime.forward(layer, x, ids, w)
+        runtime.end_step()
+        rows = slice(layer * E, (layer + 1) * E)
+        ref = grouped_swiglu(x, ids, w, gate_up[rows].to(DEVICE), down[rows].to(DEVICE))
+        check_fp32(out, ref)
+        runtime.cache.check_invariants()
+    with pytest.raises(ValueError, match=f"the banks are already {fmt}"):
+        banks.quantize(fmt)

@@ -89,6 +89,8 @@ def test_unloadable_model_is_one_error_line(tiny_checkpoint, capsys):
     (["--device", "xyz"], "--device must be cpu or cuda[:i], got 'xyz'"),
     (["--device", ""], "--device must be cpu or cuda[:i], got ''"),
     (["--device", "meta"], "--device must be cpu or cuda[:i], got 'meta'"),
+    (["--moe-backend", "resident", "--moe-expert-format", "q4g"],
+     "--moe-expert-format q4g needs host expert banks: use --moe-backend offload, cpu or hybrid"),
 ])
 def test_bad_device_is_refused_before_loading(fake_checkpoint, capsys, flags, message):
     args = build_parser().parse_args(["serve", "--model", str(fake_checkpoint), "--port", "0",
