@@ -29,6 +29,11 @@ from freetoken.offload.scores import EvictionScores
 ChooseFills = Callable[[int, int, int, int], int]
 
 
+def slot_bytes(hidden: int, intermediate: int, dtype: torch.dtype) -> int:
+    """Bytes of one cache slot: a whole expert (``gate_up [2I, H]`` + ``down [H, I]``) in ``dtype``."""
+    return 3 * intermediate * hidden * torch.empty(0, dtype=dtype).element_size()
+
+
 @dataclass(frozen=True)
 class CachePlan:
     """Routing of one MoE layer for one step after the control path ran.
@@ -110,8 +115,7 @@ class ExpertCache:
     @property
     def slot_bytes(self) -> int:
         """Bytes of one slot (one whole expert in the compute dtype)."""
-        b = self.banks
-        return 3 * b.intermediate * b.hidden * torch.empty(0, dtype=self.dtype).element_size()
+        return slot_bytes(self.banks.hidden, self.banks.intermediate, self.dtype)
 
     @property
     def occupancy(self) -> int:

@@ -1,26 +1,21 @@
 """The CPU branch of the miss split: misses computed in place from the host banks.
 
-Uses the project's C++ kernel (``freetoken.ops.cpu_moe``: asynchronous, GIL released, persistent
-thread pool) when it supports the bank dtype; otherwise a plain-torch fp32 computation run at
-submit time (correct, synchronous, slower). Both return the gate-weighted per-token partial sums
-``[T, H]`` in fp32 and how long the CPU worked, which the online split correction needs.
+Runs the project's C++ kernel (``freetoken.ops.cpu_moe``: asynchronous, GIL released, persistent
+thread pool), which takes every bank format :class:`ExpertBanks` can hold (bf16, fp32, mxfp4,
+q4g). A handle returns the gate-weighted per-token partial sums ``[T, H]`` in fp32 and how long
+the kernel worked, which the online split correction needs.
 """
 
 from __future__ import annotations
 
-import logging
-import time
-
 import torch
 
 from freetoken.offload.banks import ExpertBanks
-from freetoken.ops.cpu_moe.reference import cpu_moe_reference
-
-logger = logging.getLogger("freetoken.offload")
+from freetoken.ops.cpu_moe import cpu
 
 
 class _Done:
-    """A finished CPU-branch result (torch fallback or nothing to do)."""
+    """A CPU branch with nothing to do."""
 
     def __init__(self, out: torch.Tensor, seconds: float) -> None:
         self._out, self._seconds = out, seconds
@@ -35,35 +30,20 @@ class _Done:
 
 
 class _Kernel:
-    """A pending C++ kernel job; ``seconds()`` is its measured run time after ``wait()``."""
+    """A pending C++ kernel job; ``seconds()`` is its own measured run time after ``wait()``."""
 
-    def __init__(self, handle, submitted: float) -> None:
-        self._handle, self._submitted, self._seconds = handle, submitted, 0.0
+    def __init__(self, handle) -> None:
+        self._handle, self._seconds = handle, 0.0
 
     def wait(self) -> torch.Tensor:
         """Block (GIL released) until done; ``[T, H]`` fp32."""
         out = self._handle.wait()
-        timed = getattr(self._handle, "seconds", None)
-        self._seconds = float(timed()) if timed is not None else time.perf_counter() - self._submitted
+        self._seconds = float(self._handle.seconds())
         return out
 
     def seconds(self) -> float:
-        """CPU seconds the job ran (the kernel's own clock when it has one)."""
+        """Seconds the job ran on the kernel's pool."""
         return self._seconds
-
-
-def _kernel_supports(dtype: torch.dtype) -> bool:
-    try:
-        from freetoken.ops.cpu_moe import cpu
-    except ImportError:  # pragma: no cover - the extension is part of the package build
-        return False
-    bank = torch.zeros(1, 2, 1, dtype=dtype), torch.zeros(1, 1, 1, dtype=dtype)
-    try:
-        cpu.cpu_moe(torch.zeros(1, 1), torch.zeros(1, dtype=torch.int64),
-                    torch.zeros(1, dtype=torch.int64), torch.ones(1), *bank)
-    except (TypeError, ValueError):
-        return False
-    return True
 
 
 class CpuBranch:
@@ -71,17 +51,10 @@ class CpuBranch:
 
     Args:
         banks: the host expert banks.
-
-    Attributes:
-        uses_kernel: True when the C++ kernel serves this bank dtype.
     """
 
     def __init__(self, banks: ExpertBanks) -> None:
         self.banks = banks
-        self.uses_kernel = banks.view is not None or _kernel_supports(banks.dtype)
-        if not self.uses_kernel:
-            logger.warning("the C++ expert kernel does not take %s banks; the CPU branch runs "
-                           "in plain torch", banks.dtype)
 
     def submit(self, x: torch.Tensor, token_ids: torch.Tensor, flat_ids: torch.Tensor,
                weights: torch.Tensor):
@@ -99,13 +72,4 @@ class CpuBranch:
         if x.dtype not in (torch.float32, torch.bfloat16):
             x = x.float()
         x = x.contiguous()
-        b = self.banks
-        if self.uses_kernel:
-            from freetoken.ops.cpu_moe import cpu
-
-            started = time.perf_counter()
-            return _Kernel(cpu.submit_banks(x, token_ids, flat_ids, weights, b.kernel_view()),
-                           started)
-        started = time.perf_counter()
-        out = cpu_moe_reference(x, token_ids, flat_ids, weights, b.gate_up, b.down)
-        return _Done(out, time.perf_counter() - started)
+        return _Kernel(cpu.submit_banks(x, token_ids, flat_ids, weights, self.banks.kernel_view()))

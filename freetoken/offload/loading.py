@@ -25,7 +25,7 @@ from freetoken.offload.backend import (
     resolve_slots,
 )
 from freetoken.offload.banks import ExpertBanks
-from freetoken.offload.cache import ExpertCache
+from freetoken.offload.cache import ExpertCache, slot_bytes
 from freetoken.offload.policies import uniform_hot_set
 from freetoken.offload.runtime import OffloadRuntime
 from freetoken.offload.scores import make_scores
@@ -75,6 +75,18 @@ def bank_dtype(checkpoint: Checkpoint, dtype: torch.dtype, first_expert: str) ->
     return torch.float32
 
 
+def first_expert_tensor(config: ModelConfig) -> str:
+    """HF name of expert 0's gate_proj in the first MoE layer (its stored dtype picks the banks').
+
+    Raises:
+        ValueError: the model has no MoE layer.
+    """
+    first = next((i for i in range(config.num_hidden_layers) if config.is_moe_layer(i)), None)
+    if first is None:
+        raise ValueError("the model has no MoE layers to offload")
+    return f"model.layers.{first}.mlp.experts.0.gate_proj.weight"
+
+
 def planned_bank_dtype(path, compute_dtype: str) -> str:
     """The bank dtype name (``"bfloat16"`` / ``"float32"``) the loader will choose for the
     checkpoint at ``path`` computed in ``compute_dtype`` (``"float32"`` / ``"bfloat16"``); used to
@@ -83,12 +95,8 @@ def planned_bank_dtype(path, compute_dtype: str) -> str:
     Raises:
         FileNotFoundError, ValueError: as :class:`Checkpoint` and ``ModelConfig.from_file``.
     """
-    config = ModelConfig.from_file(path)
-    first = next((i for i in range(config.num_hidden_layers) if config.is_moe_layer(i)), None)
-    if first is None:
-        raise ValueError(f"{path} has no MoE layers to offload")
+    name = first_expert_tensor(ModelConfig.from_file(path))
     dtype = torch.bfloat16 if compute_dtype == "bfloat16" else torch.float32
-    name = f"model.layers.{first}.mlp.experts.0.gate_proj.weight"
     return str(bank_dtype(Checkpoint(path), dtype, name)).removeprefix("torch.")
 
 
@@ -111,8 +119,7 @@ def build_offloaded(model_cls: type[DecoderLM], config: ModelConfig, checkpoint:
     if backend == "resident":
         return None
     num_layers = sum(config.is_moe_layer(i) for i in range(config.num_hidden_layers))
-    first = next(i for i in range(config.num_hidden_layers) if config.is_moe_layer(i))
-    bdtype = bank_dtype(checkpoint, dtype, f"model.layers.{first}.mlp.experts.0.gate_proj.weight")
+    bdtype = bank_dtype(checkpoint, dtype, first_expert_tensor(config))
     banks = ExpertBanks(num_layers, config.num_experts, config.hidden_size,
                         config.moe_intermediate_size, bdtype)
     stand_ins: list[OffloadedExperts] = []
@@ -127,10 +134,10 @@ def build_offloaded(model_cls: type[DecoderLM], config: ModelConfig, checkpoint:
         banks.quantize(moe.expert_format)
     if device.type == "cuda":
         banks.pin()
-    slot_bytes = 3 * banks.hidden * banks.intermediate * torch.empty(0, dtype=dtype).element_size()
+    slot = slot_bytes(banks.hidden, banks.intermediate, dtype)
     free = device_free_bytes(device)
     budget = int(free * (1 - CUDA_RESERVE_FRACTION)) if free is not None else None
-    slots = resolve_slots(moe.cache, slot_bytes, banks.num_ids, budget)
+    slots = resolve_slots(moe.cache, slot, banks.num_ids, budget)
     cache = ExpertCache(banks, slots, device, dtype, make_scores(moe.policy, banks.num_ids, device))
     ratio = moe.ratio or (bandwidths[0] / bandwidths[1] if bandwidths else DEFAULT_RATIO)
     split = MissSplit(moe.split or SPLIT_OF_BACKEND[backend], ratio, moe.eta)
@@ -142,7 +149,7 @@ def build_offloaded(model_cls: type[DecoderLM], config: ModelConfig, checkpoint:
         stand_in.runtime = runtime
     model.moe_runtime = runtime
     logger.info("moe backend %s: %d of %d experts cached on %s (%.1f MiB), banks %.1f MiB %s%s",
-                backend, slots, banks.num_ids, device, slots * slot_bytes / 2**20,
+                backend, slots, banks.num_ids, device, slots * slot / 2**20,
                 banks.nbytes / 2**20,
                 moe.expert_format if banks.view is not None else str(bdtype).removeprefix("torch."),
                 " pinned" if banks.pinned else "")

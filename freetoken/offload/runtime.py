@@ -31,7 +31,7 @@ from freetoken.offload.cpu_branch import CpuBranch
 from freetoken.offload.split import MissSplit
 
 logger = logging.getLogger("freetoken.offload")
-_COUNTERS = ("steps", "hits", "misses", "fills", "cpu_experts", "evictions", "q_sum")
+_COUNTERS = ("steps", "hits", "misses", "fills", "cpu_experts", "evictions")
 
 
 class _BranchTimer:
@@ -125,7 +125,6 @@ class OffloadRuntime:
         c["fills"][layer] += plan.fills
         c["cpu_experts"][layer] += plan.cpu_experts
         c["evictions"][layer] += plan.evictions
-        c["q_sum"][layer] += plan.fills
         self._device_s[layer] += device_s
         self._cpu_s[layer] += cpu_s
         return out
@@ -192,6 +191,7 @@ class OffloadRuntime:
         """Snapshot of configuration and per-layer counters."""
         layers = tuple(
             LayerStats(layer=l, **{k: int(v[l]) for k, v in self._counts.items()},
+                       q_sum=int(self._counts["fills"][l]),  # q of a layer call = its fills
                        device_s=float(self._device_s[l]), cpu_s=float(self._cpu_s[l]))
             for l in range(self.banks.num_layers)
         )
