@@ -41,7 +41,47 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
                    help="compute dtype (default float32)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    _add_cache_options(p)
     _add_moe_options(p)
+
+
+def _anchor_policy(text: str):
+    """argparse ``type`` for ``--anchors``: a comma list of block kinds, ``all`` or ``none``."""
+    from freetoken.prefix.anchors import AnchorPolicy
+
+    try:
+        return AnchorPolicy.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _add_cache_options(p: argparse.ArgumentParser) -> None:
+    from freetoken.prefix.build import DEFAULT_MAX_RUNNING_REQUESTS
+    from freetoken.prefix.manager import DEFAULT_CHECKPOINT_SLOTS, DEFAULT_PAGE_SIZE
+
+    g = p.add_argument_group("batching and prefix reuse (paged KV, radix tree, recurrent-state "
+                             "checkpoints at semantic anchors)")
+    g.add_argument("--max-running-requests", type=_int_at_least(1, 1024),
+                   default=DEFAULT_MAX_RUNNING_REQUESTS, metavar="N",
+                   help=f"requests batched concurrently (default {DEFAULT_MAX_RUNNING_REQUESTS})")
+    g.add_argument("--page-size", type=_int_at_least(1, 4096), default=DEFAULT_PAGE_SIZE,
+                   metavar="TOKENS", help=f"tokens per KV page (default {DEFAULT_PAGE_SIZE})")
+    g.add_argument("--kv-cache-bytes", type=_size, default=None, metavar="SIZE",
+                   help="KV page pool size (e.g. 8GiB; default: max-running-requests full-length "
+                        "sequences within a quarter of device memory, at least one sequence)")
+    g.add_argument("--state-checkpoint-slots", type=_int_at_least(0),
+                   default=DEFAULT_CHECKPOINT_SLOTS, metavar="N",
+                   help="device-tier recurrent-state checkpoint slots "
+                        f"(default {DEFAULT_CHECKPOINT_SLOTS})")
+    g.add_argument("--state-checkpoint-bytes", type=_size, default=None, metavar="SIZE",
+                   help="host-tier byte budget for recurrent-state checkpoints (default 4GiB)")
+    g.add_argument("--anchors", type=_anchor_policy, default=None, metavar="KINDS",
+                   help="block kinds that get checkpoints: comma list of turn_start, "
+                        "thinking_start, tool_call_start, tool_output_start, generation_start, "
+                        "generation_end, or all / none (default turn_start,generation_start,"
+                        "generation_end)")
+    g.add_argument("--no-prefix-reuse", action="store_true",
+                   help="compute every request from its first token (no radix-tree reuse)")
 
 
 def _add_moe_options(p: argparse.ArgumentParser) -> None:

@@ -154,6 +154,24 @@ def moe_settings(args: argparse.Namespace, path: Path, moe):
     return moe, (profile.bandwidth_p_gbps, profile.bandwidth_h_gbps)
 
 
+def cache_settings(args: argparse.Namespace):
+    """The :class:`~freetoken.prefix.build.CacheConfig` of the serve flags."""
+    from freetoken.prefix.anchors import AnchorPolicy
+    from freetoken.prefix.build import CacheConfig
+    from freetoken.prefix.manager import DEFAULT_CHECKPOINT_HOST_BYTES
+
+    host = args.state_checkpoint_bytes
+    return CacheConfig(
+        page_size=args.page_size,
+        kv_cache_bytes=args.kv_cache_bytes,
+        checkpoint_slots=args.state_checkpoint_slots,
+        checkpoint_host_bytes=DEFAULT_CHECKPOINT_HOST_BYTES if host is None else host,
+        anchors=args.anchors if args.anchors is not None else AnchorPolicy.default(),
+        prefix_reuse=not args.no_prefix_reuse,
+        max_running_requests=args.max_running_requests,
+    )
+
+
 def serve(args: argparse.Namespace) -> int:
     """Run the server until interrupted; returns the exit status.
 
@@ -190,7 +208,8 @@ def serve(args: argparse.Namespace) -> int:
         moe, bandwidths = moe_settings(args, path, moe)
         engine = AsyncEngine.from_pretrained(
             path, dtype=dtype, device=args.device, max_model_len=args.max_model_len,
-            progress=_say, moe=moe, bandwidths=bandwidths, record_routing=args.record_routing)
+            progress=_say, moe=moe, bandwidths=bandwidths, record_routing=args.record_routing,
+            cache=cache_settings(args))
     except (FileNotFoundError, ValueError) as exc:
         sock.close()
         _say(f"error: cannot load {path}: {exc}")

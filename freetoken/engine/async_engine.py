@@ -52,6 +52,7 @@ class AsyncEngine(EngineClient):
         moe: the offloaded MoE runtime's control surface (None: no offload runtime); exposed
             as ``self.moe`` for the admin endpoints, which call it via :meth:`run_between_steps`.
         routing_recorder: a ``RoutingRecorder`` (``--record-routing``); saved at shutdown.
+        cache: KV pool / checkpoint / batching settings (``freetoken.prefix.build.CacheConfig``).
     """
 
     def __init__(
@@ -64,6 +65,7 @@ class AsyncEngine(EngineClient):
         device: str | None = None,
         moe: MoeRuntimeControl | None = None,
         routing_recorder=None,
+        cache=None,
     ) -> None:
         self.info = info
         self.tokenizer = tokenizer
@@ -71,7 +73,7 @@ class AsyncEngine(EngineClient):
         self.routing_recorder = routing_recorder
         self._engine = Engine(
             model, tokenizer, info, max_num_batched_tokens=max_num_batched_tokens, device=device,
-            routing_recorder=routing_recorder,
+            routing_recorder=routing_recorder, cache=cache,
         )
         self._inbox: queue.SimpleQueue[tuple] = queue.SimpleQueue()
         self._keys = itertools.count()
@@ -94,6 +96,7 @@ class AsyncEngine(EngineClient):
         moe=None,
         bandwidths: tuple[float, float] | None = None,
         record_routing: str | Path | None = None,
+        cache=None,
     ) -> "AsyncEngine":
         """Load a checkpoint directory (weights, config and tokenizer) and start the engine.
 
@@ -108,6 +111,7 @@ class AsyncEngine(EngineClient):
             moe: a ``freetoken.offload.backend.MoeConfig`` (None: every expert resident).
             bandwidths: profiled ``(B_P, B_H)`` GB/s for the hybrid miss split.
             record_routing: write every MoE layer's top-k ids to this ``.npz`` (at shutdown).
+            cache: KV pool / checkpoint / batching settings (``CacheConfig``; None: defaults).
 
         Raises:
             FileNotFoundError, ValueError: from the model loader or tokenizer (missing files,
@@ -153,7 +157,7 @@ class AsyncEngine(EngineClient):
             eos_token_ids=eos,
         )
         return cls(model, tokenizer, info, max_num_batched_tokens=max_num_batched_tokens,
-                   device=device, moe=runtime, routing_recorder=recorder)
+                   device=device, moe=runtime, routing_recorder=recorder, cache=cache)
 
     def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationOutput]:
         """Validate ``request`` now, then stream its chunks when iterated (see EngineClient).

@@ -25,6 +25,9 @@ class EngineCounters:
         generation_tokens: tokens sampled (every output token, stop tokens included).
         running: requests being computed now (gauge).
         waiting: requests queued behind them (gauge).
+        cached_tokens: prompt tokens reused from the prefix cache instead of computed.
+        prefix: prefix-cache gauges and counters (``PrefixCache.stats()``: KV pages, radix
+            tokens and nodes, recurrent-state checkpoints), empty without a prefix cache.
     """
 
     requests_added: int = 0
@@ -33,6 +36,8 @@ class EngineCounters:
     generation_tokens: int = 0
     running: int = 0
     waiting: int = 0
+    cached_tokens: int = 0
+    prefix: dict[str, int] = field(default_factory=dict)
 
 
 class CounterBook:
@@ -43,6 +48,8 @@ class CounterBook:
         self.finished: dict[str, int] = dict.fromkeys(FINISH_REASONS, 0)
         self.prompt_tokens = 0
         self.generation_tokens = 0
+        self.cached_tokens = 0
+        self.prefix: dict[str, int] = {}
 
     def on_added(self) -> None:
         """A request was accepted."""
@@ -54,6 +61,10 @@ class CounterBook:
         sampled token as one generated token."""
         self.prompt_tokens += max(0, min(start + num_tokens, num_prompt_tokens) - start)
         self.generation_tokens += int(sampled)
+
+    def on_admitted(self, cached_tokens: int) -> None:
+        """A request started with ``cached_tokens`` prompt ids reused from the prefix cache."""
+        self.cached_tokens += cached_tokens
 
     def on_finish(self, reason: str) -> None:
         """A request left the engine with ``reason``."""
@@ -68,4 +79,6 @@ class CounterBook:
             generation_tokens=self.generation_tokens,
             running=running,
             waiting=waiting,
+            cached_tokens=self.cached_tokens,
+            prefix=dict(self.prefix),
         )

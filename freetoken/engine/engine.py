@@ -3,13 +3,14 @@
 Request lifecycle:
 
 1. :meth:`Engine.add_request` validates the request and queues it with an output sink.
-2. :meth:`Engine.step` asks the :class:`Scheduler` for a :class:`ScheduledBatch` (the next
-   prefill chunk or decode step of the running request), the :class:`ModelRunner` executes it
-   and returns a :class:`ForwardOutput`, and the update applies it: token accounting, then
-   detokenisation and stop checks (:class:`RequestOutputProcessor`), then one
-   :class:`GenerationOutput` chunk to the sink.
-3. A finished, aborted or failed request leaves the scheduler, its model state is freed and
-   one summary line is logged on ``freetoken.engine``.
+2. :meth:`Engine.step` asks the :class:`Scheduler` for a :class:`ScheduledBatch` (decode
+   steps of the running requests and prefill chunks, continuous batching), the
+   :class:`ModelRunner` executes it and returns one :class:`ForwardOutput` per entry, and the
+   update applies each: token accounting and checkpoints, then detokenisation and stop checks
+   (:class:`RequestOutputProcessor`), then one :class:`GenerationOutput` chunk to the sink.
+3. A finished, aborted or failed request leaves the scheduler (its computed ids stay in the
+   prefix cache's radix tree), its model state is freed and one summary line is logged on
+   ``freetoken.engine``.
 
 Single-threaded: only the thread that owns the engine may call it (see ``async_engine``).
 """
@@ -20,7 +21,7 @@ import logging
 import time
 
 from freetoken.core import EngineInfo, FinishReason, GenerationOutput, GenerationRequest
-from freetoken.engine.batch import ForwardOutput, ScheduledBatch
+from freetoken.engine.batch import ForwardOutput, SeqWork
 from freetoken.engine.counters import CounterBook, EngineCounters
 from freetoken.engine.detokenizer import DetokenizerFactory
 from freetoken.engine.output import RequestOutputProcessor
@@ -29,9 +30,16 @@ from freetoken.engine.runner import ModelRunner
 from freetoken.engine.scheduler import Scheduler, SchedulerConfig
 from freetoken.engine.validate import validate_request
 from freetoken.models.base import CausalLM
+from freetoken.prefix.build import CacheConfig, build_prefix_cache
 from freetoken.tokenizer.tokenizer import Tokenizer
 
 logger = logging.getLogger("freetoken.engine")
+
+
+def _device_of(model: CausalLM):
+    for tensor in (*model.parameters(), *model.buffers()):
+        return tensor.device
+    return None
 
 
 class Engine:
@@ -46,6 +54,8 @@ class Engine:
         device: where inputs and generators live (default: the model's device).
         routing_recorder: optional ``freetoken.offload.recorder.RoutingRecorder``
             (``--record-routing``), handed to the model runner.
+        cache: KV pool / checkpoint / batching settings (default ``CacheConfig()``); models
+            without paged state run without prefix reuse.
     """
 
     def __init__(
@@ -57,12 +67,21 @@ class Engine:
         max_num_batched_tokens: int = 2048,
         device: str | None = None,
         routing_recorder=None,
+        cache: CacheConfig | None = None,
     ) -> None:
         self.info = info
         self.tokenizer = tokenizer
-        self.scheduler = Scheduler(SchedulerConfig(info.max_model_len, max_num_batched_tokens))
-        self.runner = ModelRunner(model, device, sampleable_vocab=tokenizer.vocab_size,
-                                  routing_recorder=routing_recorder)
+        self.cache_config = cache = cache or CacheConfig()
+        runner_device = device
+        self.prefix = build_prefix_cache(model, tokenizer, info.max_model_len, cache,
+                                         device if device is not None else _device_of(model))
+        self.runner = ModelRunner(model, runner_device, sampleable_vocab=tokenizer.vocab_size,
+                                  routing_recorder=routing_recorder, prefix=self.prefix)
+        self.scheduler = Scheduler(
+            SchedulerConfig(info.max_model_len, max_num_batched_tokens,
+                            cache.max_running_requests),
+            self.prefix, self.runner.recurrent_tensors,
+        )
         self._detokenizers = DetokenizerFactory(tokenizer)
         self._processors: dict[int, RequestOutputProcessor] = {}
         self._book = CounterBook()
@@ -108,31 +127,48 @@ class Engine:
     def counters(self) -> EngineCounters:
         """Snapshot of the request and token counters (safe to call from any thread)."""
         waiting = len(self.scheduler.waiting)
-        return self._book.snapshot(int(self.scheduler.running is not None), waiting)
+        return self._book.snapshot(len(self.scheduler.running), waiting)
 
     def step(self) -> bool:
-        """Run one scheduling step (one prefill chunk or one decode token).
+        """Run one scheduling step (decode tokens and prefill chunks of the running requests).
 
         Returns:
             False when there was nothing to do.
         """
         batch = self.scheduler.schedule()
+        for req, why in self.scheduler.drain_rejected():
+            self._finish(req.key, "error", why, scheduled=False)
+        for key in self.scheduler.drain_released():
+            self.runner.release(key)
         if batch is None:
             return False
-        output = self.runner.execute(batch)
-        try:
-            self._update(batch, output)
-        except Exception as exc:  # noqa: BLE001 - a bug in output handling ends only this request
-            logger.exception("output processing failed for request key %d", batch.request_key)
-            self._finish(batch.request_key, "error", f"{type(exc).__name__}: {exc}")
+        for work in batch.entries:
+            if work.new_state:
+                req = self.scheduler.get(work.request_key)
+                if req is not None and req.num_admissions == 1:
+                    self._book.on_admitted(req.num_cached_tokens)
+        outputs = self.runner.execute(batch)
+        if self.prefix is not None:
+            self._book.prefix = self.prefix.stats()
+        for work, output in zip(batch.entries, outputs):
+            try:
+                self._update(work, output)
+            except Exception as exc:  # noqa: BLE001 - a bug in output handling ends only this request
+                logger.exception("output processing failed for request key %d", work.request_key)
+                self._finish(work.request_key, "error", f"{type(exc).__name__}: {exc}")
         return True
 
-    def _update(self, batch: ScheduledBatch, output: ForwardOutput) -> None:
+    def _update(self, work: SeqWork, output: ForwardOutput) -> None:
         if output.error is not None:
-            self._finish(batch.request_key, "error", output.error)
+            if work.request_key in self._processors:
+                self._finish(work.request_key, "error", output.error, keep_state=False)
+            else:  # a commit step of a request that already finished
+                self.scheduler.abandon_commit(work.request_key)
             return
-        req = self.scheduler.update(batch, output.token_id)
-        self._book.on_step(batch.num_computed_tokens, len(batch.token_ids), req.num_prompt_tokens,
+        req = self.scheduler.update(work, output.token_id)
+        if req is None:  # commit step done
+            return
+        self._book.on_step(work.num_computed_tokens, len(work.token_ids), req.num_prompt_tokens,
                            output.token_id is not None)
         if output.token_id is None:
             return
@@ -141,18 +177,24 @@ class Engine:
             self._retire(req.key, chunk.finish_reason)
         self._emit(req, chunk)
 
-    def _finish(self, key: int, reason: FinishReason, error: str | None = None) -> bool:
+    def _finish(self, key: int, reason: FinishReason, error: str | None = None,
+                keep_state: bool = True, scheduled: bool = True) -> bool:
         processor = self._processors.get(key)
         if processor is None:
             return False
-        self._retire(key, reason)
+        self._retire(key, reason, keep_state, scheduled)
         self._emit(processor.req, processor.final(reason, error))
         return True
 
-    def _retire(self, key: int, reason: FinishReason) -> None:
+    def _retire(self, key: int, reason: FinishReason, keep_state: bool = True,
+                scheduled: bool = True) -> None:
         processor = self._processors.pop(key)
-        self.scheduler.finish(key)
-        self.runner.release(key)
+        committing = False
+        if scheduled:
+            self.scheduler.finish(key, reason, keep_state)
+            committing = processor.req in self.scheduler.committing
+        if not committing:
+            self.runner.release(key)
         processor.req.finish_time = time.perf_counter()
         processor.req.log_finish(reason)
         self._book.on_finish(reason)

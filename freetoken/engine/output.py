@@ -113,6 +113,7 @@ class RequestOutputProcessor:
             stop_reason=stop_reason,
             prompt_tokens=self.req.num_prompt_tokens,
             completion_tokens=len(self.req.output_ids),
+            cached_tokens=self.req.num_cached_tokens,
             logprobs=logprobs,
             error=error,
         )

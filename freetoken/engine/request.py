@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
 from freetoken.core import FinishReason, GenerationOutput, GenerationRequest
 
@@ -38,6 +39,13 @@ class EngineRequest:
         arrival_time: ``time.perf_counter()`` seconds when the engine received the request.
         first_token_time: when the first output token was sampled, or None.
         finish_time: when it finished, or None.
+        num_cached_tokens: prompt ids reused from the prefix cache at first admission (reported
+            as ``cached_tokens`` / ``cache_read_input_tokens``).
+        num_prefilled_tokens: prompt ids actually run through the model (recomputed), all
+            admissions together.
+        num_admissions: times the request was admitted (more than once after a preemption).
+        needs_state: the runner must build the request's state on its next entry.
+        restore: the prefix-cache reuse decision of the latest admission, or None.
     """
 
     key: int
@@ -49,6 +57,11 @@ class EngineRequest:
     arrival_time: float = field(default_factory=time.perf_counter)
     first_token_time: float | None = None
     finish_time: float | None = None
+    num_cached_tokens: int = 0
+    num_prefilled_tokens: int = 0
+    num_admissions: int = 0
+    needs_state: bool = True
+    restore: Any = None
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -76,13 +89,16 @@ class EngineRequest:
         self.output_ids.append(token_id)
 
     def log_finish(self, reason: FinishReason) -> None:
-        """Write the per-request summary line: tokens, TTFT (s) and decode speed (tok/s)."""
+        """Write the per-request summary line: prompt, reused, recomputed and generated tokens,
+        TTFT (s) and decode speed (tok/s)."""
         end = self.finish_time if self.finish_time is not None else time.perf_counter()
         n_out = len(self.output_ids)
         ttft = "n/a" if self.first_token_time is None else f"{self.first_token_time - self.arrival_time:.3f}s"
         decode_s = end - self.first_token_time if self.first_token_time is not None else 0.0
         speed = f"{(n_out - 1) / decode_s:.1f} tok/s" if n_out > 1 and decode_s > 0 else "n/a"
         logger.info(
-            "request %s finished (%s): prompt %d tokens, generated %d tokens, TTFT %s, decode %s",
-            self.request.request_id, reason, self.num_prompt_tokens, n_out, ttft, speed,
+            "request %s finished (%s): prompt %d tokens (reused %d, recomputed %d), generated %d "
+            "tokens, TTFT %s, decode %s",
+            self.request.request_id, reason, self.num_prompt_tokens, self.num_cached_tokens,
+            self.num_prefilled_tokens, n_out, ttft, speed,
         )

@@ -1,20 +1,27 @@
 """The model runner: owns the model and every live request's state, runs forward and samples.
 
-For each :class:`ScheduledBatch` it feeds ``token_ids`` into the request's
-:class:`~freetoken.models.base.SequenceState` (created on the request's first chunk together
-with its seeded ``torch.Generator``) and, when ``batch.sample`` is set, samples the next token
-from the last position's logits. A failure in the model or the sampler is caught and returned
-as ``ForwardOutput.error`` (the request's state is dropped) so the engine keeps serving.
+For each :class:`ScheduledBatch` it builds the state of entries that start a request (empty, or
+restored from a reused prefix: the KV slots of the radix match and the recurrent-state
+checkpoint), appends each entry's KV slots to its slot table, runs all entries through one
+``model.forward_batch`` (decode tokens of several requests and prefill chunks together) and
+samples where an entry asks for it, each request with its own seeded ``torch.Generator``. A
+failure in the model or the sampler is caught and returned as ``ForwardOutput.error`` for the
+entries of that step (their states are dropped) so the engine keeps serving.
+
+Paged models (``DecoderLM.new_paged_state``) keep attention KV in the shared
+:class:`~freetoken.prefix.kv_pool.KVPagePool`; other ``CausalLM`` implementations get their
+own ``new_state()`` and no prefix reuse.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-from freetoken.engine.batch import ForwardOutput, ScheduledBatch
+from freetoken.engine.batch import ForwardOutput, ScheduledBatch, SeqWork
 from freetoken.engine.sampler import make_generator, sample
 from freetoken.models.base import CausalLM, SequenceState
 
@@ -25,6 +32,7 @@ logger = logging.getLogger("freetoken.engine")
 class _Slot:
     state: SequenceState
     generator: torch.Generator
+    table: object = None  # freetoken.models.paged.SlotTable on paged models
 
 
 def model_device(model: torch.nn.Module) -> torch.device:
@@ -35,7 +43,7 @@ def model_device(model: torch.nn.Module) -> torch.device:
 
 
 class ModelRunner:
-    """Runs one request's forward passes against its own state.
+    """Runs batches of requests' forward passes against their own states.
 
     Args:
         model: the causal LM (already on its device, in eval mode).
@@ -44,7 +52,9 @@ class ModelRunner:
             embedding rows beyond it (config ``vocab_size`` rounds the tokenizer size up) are
             never sampled and never count in logprobs. None samples every logit column.
         routing_recorder: a ``freetoken.offload.recorder.RoutingRecorder`` (``--record-routing``)
-            told each step's request and phase; it receives every MoE layer's top-k ids.
+            told each step's first request and phase; it receives every MoE layer's top-k ids.
+        prefix: the engine's ``freetoken.prefix.manager.PrefixCache`` (paged KV pool and
+            checkpoint store), or None for per-request contiguous states.
 
     Step boundaries: when the model has an offload runtime (``model.moe_runtime``), its
     ``begin_step()`` / ``end_step()`` run around every forward, which is where a live expert-cache
@@ -57,6 +67,7 @@ class ModelRunner:
         device: torch.device | str | None = None,
         sampleable_vocab: int | None = None,
         routing_recorder=None,
+        prefix=None,
     ) -> None:
         self.model = model
         self.moe_runtime = getattr(model, "moe_runtime", None)
@@ -65,6 +76,7 @@ class ModelRunner:
             model.set_routing_observer(routing_recorder.record)
         self.device = torch.device(device) if device is not None else model_device(model)
         self.sampleable_vocab = sampleable_vocab
+        self.prefix = prefix
         self._slots: dict[int, _Slot] = {}
 
     @property
@@ -72,57 +84,96 @@ class ModelRunner:
         """Requests whose state is currently held."""
         return len(self._slots)
 
-    def execute(self, batch: ScheduledBatch) -> ForwardOutput:
-        """Run ``batch`` through the model and sample if asked.
+    def execute(self, batch: ScheduledBatch) -> list[ForwardOutput]:
+        """Run every entry of ``batch`` through the model and sample where asked.
 
         Returns:
-            The sampled token (and logprobs), nothing for a non-final prefill chunk, or the
-            error message when the model or sampler raised.
+            One output per entry, in order: the sampled token (and logprobs), nothing for a
+            non-final prefill chunk, or the error message when the model or sampler raised
+            (then every entry of the step fails and their states are dropped).
         """
         try:
             with torch.inference_mode():
                 return self._execute(batch)
-        except Exception as exc:  # noqa: BLE001 - any model failure must end only this request
-            logger.exception("forward failed for request key %d", batch.request_key)
-            self.release(batch.request_key)
-            return ForwardOutput(batch.request_key, error=f"{type(exc).__name__}: {exc}")
+        except Exception as exc:  # noqa: BLE001 - a model failure must end only this step's requests
+            keys = [e.request_key for e in batch.entries]
+            logger.exception("forward failed for request keys %s", keys)
+            for key in keys:
+                self.release(key)
+            return [ForwardOutput(key, error=f"{type(exc).__name__}: {exc}") for key in keys]
 
     def release(self, request_key: int) -> None:
-        """Drop a request's state (finished, aborted or failed); a no-op when absent."""
+        """Drop a request's state (finished, aborted, failed or preempted); no-op when absent."""
         self._slots.pop(request_key, None)
 
-    def _forward(self, batch: ScheduledBatch, ids: torch.Tensor,
-                 state: SequenceState) -> torch.Tensor:
+    def recurrent_tensors(self, request_key: int) -> Sequence[torch.Tensor] | None:
+        """Live recurrent-state tensors of a request (for checkpoints), or None."""
+        slot = self._slots.get(request_key)
+        fn = getattr(self.model, "recurrent_tensors", None)
+        if slot is None or fn is None:
+            return None
+        return fn(slot.state)
+
+    def _new_slot(self, work: SeqWork) -> _Slot:
+        generator = make_generator(work.sampling.seed, self.device)
+        if self.prefix is None:
+            if work.num_computed_tokens:
+                raise RuntimeError("a restored state needs the prefix cache")
+            return _Slot(self.model.new_state(), generator)
+        from freetoken.models.paged import SlotTable
+
+        table = SlotTable(work.prefix_slots, device=self.prefix.pool.k.device)
+        state = self.model.new_paged_state(self.prefix.pool, table, work.num_computed_tokens)
+        if work.restore_checkpoint is not None:
+            self.prefix.store.load(work.restore_checkpoint, self.model.recurrent_tensors(state))
+        return _Slot(state, generator, table)
+
+    def _slot(self, work: SeqWork) -> _Slot:
+        if work.new_state:
+            slot = self._new_slot(work)
+            self._slots[work.request_key] = slot
+        else:
+            slot = self._slots.get(work.request_key)
+            if slot is None:
+                raise RuntimeError(f"no state for request key {work.request_key}")
+        if slot.state.num_tokens != work.num_computed_tokens:
+            raise RuntimeError(
+                f"state holds {slot.state.num_tokens} tokens, scheduler expects "
+                f"{work.num_computed_tokens}"
+            )
+        if slot.table is not None:
+            slot.table.extend(work.slots)
+        return slot
+
+    def _forward(self, batch: ScheduledBatch, ids: list[torch.Tensor],
+                 states: list[SequenceState]) -> torch.Tensor:
         if self.routing_recorder is not None:
-            decode = batch.num_computed_tokens > 0 and len(batch.token_ids) == 1
-            self.routing_recorder.begin_step(batch.request_key, 1 if decode else 0)
+            first = batch.entries[0]
+            decode = all(e.decode for e in batch.entries)
+            self.routing_recorder.begin_step(first.request_key, 1 if decode else 0)
         runtime = self.moe_runtime
         if runtime is None:
-            return self.model(ids, state)
+            return self.model.forward_batch(ids, states)
         runtime.begin_step()
         try:
-            return self.model(ids, state)
+            return self.model.forward_batch(ids, states)
         finally:
             runtime.end_step()
 
-    def _execute(self, batch: ScheduledBatch) -> ForwardOutput:
-        slot = self._slots.get(batch.request_key)
-        if batch.num_computed_tokens == 0:
-            slot = _Slot(self.model.new_state(), make_generator(batch.sampling.seed, self.device))
-            self._slots[batch.request_key] = slot
-        elif slot is None:
-            raise RuntimeError(f"no state for request key {batch.request_key}")
-        if slot.state.num_tokens != batch.num_computed_tokens:
-            raise RuntimeError(
-                f"state holds {slot.state.num_tokens} tokens, scheduler expects "
-                f"{batch.num_computed_tokens}"
-            )
-        ids = torch.tensor(batch.token_ids, dtype=torch.long, device=self.device)  # [T]
-        logits = self._forward(batch, ids, slot.state)  # [1, V]
-        if not batch.sample:
-            return ForwardOutput(batch.request_key)
-        last = logits[-1]  # [V]
-        if self.sampleable_vocab is not None and self.sampleable_vocab < last.shape[-1]:
-            last = last[: self.sampleable_vocab]
-        picked = sample(last, batch.sampling, slot.generator)
-        return ForwardOutput(batch.request_key, picked.token_id, picked.logprob, picked.top)
+    def _execute(self, batch: ScheduledBatch) -> list[ForwardOutput]:
+        slots = [self._slot(work) for work in batch.entries]
+        ids = [torch.tensor(w.token_ids, dtype=torch.long, device=self.device)
+               for w in batch.entries]
+        logits = self._forward(batch, ids, [s.state for s in slots])  # [B, V]
+        outputs = []
+        for row, (work, slot) in enumerate(zip(batch.entries, slots)):
+            if not work.sample:
+                outputs.append(ForwardOutput(work.request_key))
+                continue
+            last = logits[row]  # [V]
+            if self.sampleable_vocab is not None and self.sampleable_vocab < last.shape[-1]:
+                last = last[: self.sampleable_vocab]
+            picked = sample(last, work.sampling, slot.generator)
+            outputs.append(ForwardOutput(work.request_key, picked.token_id, picked.logprob,
+                                         picked.top))
+        return outputs

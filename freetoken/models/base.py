@@ -50,3 +50,28 @@ class CausalLM(torch.nn.Module, ABC):
         Returns:
             ``[T, V]`` float32 logits if ``all_logits`` else ``[1, V]`` for the last position.
         """
+
+    def forward_batch(self, inputs: list[torch.Tensor],
+                      states: list[SequenceState]) -> torch.Tensor:
+        """One step over ``B`` sequences; this default runs :meth:`forward` on each in turn.
+
+        Families that can share work across sequences (``DecoderLM``) override it.
+
+        Args:
+            inputs: ``B >= 1`` tensors ``[T_i]`` int64 token ids (prefill chunks / decode tokens).
+            states: ``B`` states, each updated in place.
+
+        Returns:
+            ``[B, V]`` float32 logits of each sequence's last position.
+
+        Raises:
+            ValueError: not lists of equal length >= 1, or what :meth:`forward` raises.
+        """
+        if not isinstance(inputs, (list, tuple)) or not isinstance(states, (list, tuple)):
+            raise ValueError("forward_batch takes a list of input_ids and a list of states")
+        if len(inputs) != len(states):
+            raise ValueError(f"forward_batch got {len(inputs)} inputs but {len(states)} states")
+        if not inputs:
+            raise ValueError("forward_batch needs at least one sequence")
+        return torch.stack([self.forward(ids, state)[-1].float()
+                            for ids, state in zip(inputs, states)])

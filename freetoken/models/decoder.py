@@ -5,6 +5,12 @@ blocks ``h += mixer(norm_in(h)); h += mlp(norm_post(h))``, final norm, ``lm_head
 subclass only says which mixer / MLP each layer gets. Long inputs run in chunks of
 ``prefill_chunk`` tokens (attention sees a ``[chunk, cached + chunk]`` mask, never
 ``[T, T]``), and without ``all_logits`` only the last position goes through ``lm_head``.
+
+:meth:`DecoderLM.forward_batch` runs several sequences in one step (prefill chunks and decode
+tokens mixed, as in continuous batching, Orca OSDI 2022): embedding, norms, MLP / MoE and
+``lm_head`` see all tokens at once, the attention / Gated DeltaNet mixers run per sequence on
+its slice against its own state. States may keep K/V in a shared page pool
+(:meth:`DecoderLM.new_paged_state`, ``freetoken.models.paged``).
 """
 
 from __future__ import annotations
@@ -23,8 +29,9 @@ from freetoken.models.gated_deltanet import GatedDeltaNet
 from freetoken.models.loader import WeightTarget
 from freetoken.models.moe import DenseMLP, SparseMoE
 from freetoken.models.norms import RMSNorm
+from freetoken.models.paged import PagedKV, SlotTable
 from freetoken.models.rotary import RotaryTable
-from freetoken.models.state import HybridState, KVCache
+from freetoken.models.state import GDNState, HybridState, KVCache
 
 ExpertsFactory = Callable[[int, int], nn.Module]
 DEFAULT_PREFILL_CHUNK = 1024
@@ -47,6 +54,18 @@ class DecoderLayer(nn.Module):
     def forward(self, h: torch.Tensor, layer_state: object, ctx: AttnContext) -> torch.Tensor:
         """``[T, H]`` -> ``[T, H]``; updates ``layer_state`` (KV cache or GDN state)."""
         h = h + self.mixer(self.input_norm(h), layer_state, ctx)
+        return h + self.mlp(self.post_norm(h))
+
+    def forward_batch(self, h: torch.Tensor, bounds: list[int], layer_states: list,
+                      ctxs: list[AttnContext]) -> torch.Tensor:
+        """Several sequences: ``h [sum T_i, H]`` holds sequence ``i`` at rows
+        ``bounds[i]:bounds[i+1]``; its mixer runs on that slice with ``layer_states[i]`` and
+        ``ctxs[i]``, the norms and the MLP / MoE run on all rows at once. Returns ``[sum T_i, H]``.
+        """
+        x = self.input_norm(h)
+        parts = [self.mixer(x[a:b], st, ctx)
+                 for a, b, st, ctx in zip(bounds[:-1], bounds[1:], layer_states, ctxs)]
+        h = h + (parts[0] if len(parts) == 1 else torch.cat(parts))
         return h + self.mlp(self.post_norm(h))
 
 
@@ -144,6 +163,99 @@ class DecoderLM(CausalLM):
                                       self.embed.device))
         return HybridState(caches)
 
+    def _attention_layers(self) -> list[int]:
+        return [i for i, layer in enumerate(self.layers) if not isinstance(layer.mixer,
+                                                                        GatedDeltaNet)]
+
+    def kv_layout(self):
+        """Per-token K/V shape of the full-attention layers, for a ``KVPagePool``.
+
+        Returns:
+            ``freetoken.prefix.kv_pool.KVLayout`` (num_layers = attention layers, the config's
+            ``num_key_value_heads`` / ``head_dim``, the model dtype), or None when every layer is
+            a Gated DeltaNet layer.
+        """
+        from freetoken.prefix.kv_pool import KVLayout
+
+        n = len(self._attention_layers())
+        if not n:
+            return None
+        c = self.config
+        return KVLayout(num_layers=n, num_kv_heads=c.num_key_value_heads, head_dim=c.head_dim,
+                        dtype=self.dtype)
+
+    def recurrent_layout(self):
+        """Shapes/dtypes of :meth:`recurrent_tensors` (a recurrent-state checkpoint).
+
+        Returns:
+            ``freetoken.prefix.checkpoints.RecurrentLayout`` with, per GDN layer in order, the
+            conv state ``([conv_dim, K-1], model dtype)`` and the recurrent state
+            ``([Hv, dk, dv], float32)``; empty ``shapes`` when the model has no GDN layer.
+        """
+        from freetoken.prefix.checkpoints import RecurrentLayout
+
+        shapes = []
+        for layer in self.layers:
+            m = layer.mixer
+            if isinstance(m, GatedDeltaNet):
+                shapes.append(((m.conv_dim, m.kernel - 1), self.dtype))
+                shapes.append(((m.hv, m.dk, m.dv), torch.float32))
+        return RecurrentLayout(shapes=tuple(shapes))
+
+    def new_paged_state(self, pool, table: SlotTable, num_tokens: int = 0) -> HybridState:
+        """A state whose attention layers keep K/V in ``pool`` at ``table``'s token slots.
+
+        Args:
+            pool: ``freetoken.prefix.kv_pool.KVPagePool`` built with :meth:`kv_layout` (ignored
+                when the model has no attention layer).
+            table: the sequence's slot table, shared by all its attention layers; the caller
+                extends it before each forward so it covers every position.
+            num_tokens: positions already in the pool at ``table.slots[:num_tokens]`` (a reused
+                prefix). GDN layers start from zero states: copy a checkpoint taken at
+                ``num_tokens`` into :meth:`recurrent_tensors` before the next forward.
+
+        Returns:
+            a :class:`HybridState` with ``num_tokens`` set and a :class:`PagedKV` of length
+            ``num_tokens`` per attention layer (attention layer ``j`` = pool layer ``j``).
+
+        Raises:
+            ValueError: the pool's layout differs from :meth:`kv_layout`, the table is on
+                another device than the pool, ``num_tokens`` is negative or above
+                ``max_position_embeddings``, or the table holds fewer than ``num_tokens`` slots.
+        """
+        layout = self.kv_layout()
+        if layout is not None and pool.layout != layout:
+            raise ValueError(f"pool layout {pool.layout} does not match the model's {layout}")
+        if not 0 <= num_tokens <= self.config.max_position_embeddings:
+            raise ValueError(f"num_tokens {num_tokens} outside [0, "
+                             f"{self.config.max_position_embeddings}]")
+        if layout is not None and table.slots.device != pool.k.device:
+            raise ValueError(f"slot table on {table.slots.device} but the pool on "
+                             f"{pool.k.device}")
+        if table.length < num_tokens:
+            raise ValueError(f"slot table has {table.length} token slots, fewer than the "
+                             f"{num_tokens} restored tokens")
+        layers: list = []
+        for layer in self.layers:
+            if isinstance(layer.mixer, GatedDeltaNet):
+                layers.append(layer.mixer.new_state())
+            else:
+                layers.append(PagedKV(pool, sum(isinstance(x, PagedKV) for x in layers), table,
+                                      num_tokens))
+        state = HybridState(layers)
+        state.num_tokens = num_tokens
+        return state
+
+    def recurrent_tensors(self, state: HybridState) -> list[torch.Tensor]:
+        """Live GDN state tensors ``[conv_0, rec_0, conv_1, rec_1, ...]`` in layer order (the
+        objects inside ``state``: ``copy_`` into them restores a checkpoint, clone them to take
+        one). Shapes/dtypes as :meth:`recurrent_layout`; empty for attention-only models."""
+        out = []
+        for layer_state in state.layers:
+            if isinstance(layer_state, GDNState):
+                out += [layer_state.conv, layer_state.recurrent]
+        return out
+
     def _check_input(self, input_ids: torch.Tensor, state: HybridState) -> None:
         if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 1 or not input_ids.numel():
             raise ValueError("input_ids must be a non-empty 1-D tensor of token ids")
@@ -159,6 +271,9 @@ class DecoderLM(CausalLM):
                 f"sequence of {end} tokens exceeds max_position_embeddings "
                 f"{self.config.max_position_embeddings}"
             )
+        for layer_state in state.layers:
+            if isinstance(layer_state, PagedKV):
+                layer_state.check_room(input_ids.numel())
 
     def _run_chunk(self, ids: torch.Tensor, state: HybridState) -> torch.Tensor:
         start, t = state.num_tokens, ids.shape[0]
@@ -184,16 +299,23 @@ class DecoderLM(CausalLM):
         Raises:
             ValueError: empty / non-1-D / non-integer input, an id outside the vocabulary, or
                 ``num_tokens + T`` above ``max_position_embeddings`` (state left unchanged).
+            RuntimeError: a paged state's slot table has fewer than ``num_tokens + T`` slots
+                (state left unchanged).
         """
         self._check_input(input_ids, state)
+        return self._threaded(input_ids.numel() == 1, self._forward, input_ids, state,
+                              all_logits)
+
+    def _threaded(self, decode: bool, fn, *args):
+        """``fn(*args)`` under ``decode_threads`` intra-op threads when ``decode`` (restored)."""
         threads = torch.get_num_threads()
-        if input_ids.numel() == 1 and self.decode_threads and self.decode_threads != threads:
+        if decode and self.decode_threads and self.decode_threads != threads:
             torch.set_num_threads(self.decode_threads)
             try:
-                return self._forward(input_ids, state, all_logits)
+                return fn(*args)
             finally:
                 torch.set_num_threads(threads)
-        return self._forward(input_ids, state, all_logits)
+        return fn(*args)
 
     def _forward(self, input_ids: torch.Tensor, state: HybridState,
                  all_logits: bool) -> torch.Tensor:
@@ -207,3 +329,67 @@ class DecoderLM(CausalLM):
             if not all_logits:
                 outputs.append(F.linear(self.norm(h[-1:]), self.lm_head).float())
         return outputs[0] if len(outputs) == 1 else torch.cat(outputs)
+
+    def forward_batch(self, inputs: list[torch.Tensor],
+                      states: list[HybridState]) -> torch.Tensor:
+        """One step over ``B`` sequences: prefill chunks and decode tokens mixed.
+
+        Embedding, norms, MLP / MoE (the offload runtime sees ``[sum T_i, H]``) and ``lm_head``
+        run on all tokens at once; each attention / GDN mixer runs per sequence on its slice with
+        its own positions (``AttnContext`` at that state's ``num_tokens``) and layer state.
+        A sequence with more than ``prefill_chunk`` tokens first consumes its leading full
+        chunks alone (exactly the chunk boundaries :meth:`forward` uses), and only its last
+        chunk (1..``prefill_chunk`` tokens) joins the batch, so attention memory stays bounded
+        by ``prefill_chunk`` per sequence. When every input is one token the step runs under
+        ``decode_threads``. Equals running each sequence alone through :meth:`forward` up to
+        float summation order (greedy-identical).
+
+        Args:
+            inputs: ``B >= 1`` tensors ``[T_i]`` int64 token ids in ``[0, vocab_size)``.
+            states: ``B`` distinct states (from :meth:`new_state` / :meth:`new_paged_state`),
+                each updated in place (``num_tokens`` grows by ``T_i``).
+
+        Returns:
+            ``[B, V]`` float32 logits of each sequence's last position.
+
+        Raises:
+            ValueError: not lists of equal length >= 1, the same state twice, or any input that
+                :meth:`forward` rejects (no state is changed).
+            RuntimeError: a paged state's slot table is too short (no state is changed).
+        """
+        if not isinstance(inputs, (list, tuple)) or not isinstance(states, (list, tuple)):
+            raise ValueError("forward_batch takes a list of input_ids and a list of states")
+        if len(inputs) != len(states):
+            raise ValueError(f"forward_batch got {len(inputs)} inputs but {len(states)} states")
+        if not inputs:
+            raise ValueError("forward_batch needs at least one sequence")
+        if len({id(s) for s in states}) != len(states):
+            raise ValueError("forward_batch got the same state more than once")
+        for ids, state in zip(inputs, states):
+            self._check_input(ids, state)
+        decode = all(ids.numel() == 1 for ids in inputs)
+        return self._threaded(decode, self._forward_batch, inputs, states)
+
+    def _forward_batch(self, inputs: list[torch.Tensor],
+                       states: list[HybridState]) -> torch.Tensor:
+        device, chunk = self.embed.device, self.prefill_chunk
+        tails = []
+        with torch.inference_mode():
+            for ids, state in zip(inputs, states):
+                ids = ids.to(device=device, dtype=torch.int64)
+                head = (ids.shape[0] - 1) // chunk * chunk  # full leading chunks
+                for s in range(0, head, chunk):
+                    self._run_chunk(ids[s : s + chunk], state)
+                tails.append(ids[head:])
+            bounds = [0]
+            for ids in tails:
+                bounds.append(bounds[-1] + ids.shape[0])
+            ctxs = [AttnContext.build(state.num_tokens, ids.shape[0], self.rotary, self.dtype)
+                    for ids, state in zip(tails, states)]
+            h = F.embedding(torch.cat(tails) if len(tails) > 1 else tails[0], self.embed)
+            for i, layer in enumerate(self.layers):
+                h = layer.forward_batch(h, bounds, [s.layers[i] for s in states], ctxs)
+            for ids, state in zip(tails, states):
+                state.num_tokens += ids.shape[0]
+            last = torch.tensor(bounds[1:], device=device) - 1
+            return F.linear(self.norm(h.index_select(0, last)), self.lm_head).float()

@@ -81,7 +81,26 @@ def _engine_lines(counters: EngineCounters, healthy: bool) -> list[str]:
                 [({}, counters.running)]),
         *family("freetoken_requests_waiting", "gauge", "Requests queued.",
                 [({}, counters.waiting)]),
+        *family("freetoken_prompt_tokens_cached_total", "counter",
+                "Prompt tokens reused from the prefix cache (radix tree + checkpoints).",
+                [({}, counters.cached_tokens)]),
+        *_prefix_lines(counters.prefix),
     ]
+
+
+_PREFIX_COUNTERS = ("saves", "loads", "spills", "drops", "evictions")
+
+
+def _prefix_lines(stats: dict[str, int]) -> list[str]:
+    """``freetoken_prefix_*`` families from ``PrefixCache.stats()`` (cumulative checkpoint
+    operations as counters, the rest as gauges)."""
+    lines: list[str] = []
+    for key, value in sorted(stats.items()):
+        counter = key.endswith(_PREFIX_COUNTERS)
+        name = f"freetoken_prefix_{key}" + ("_total" if counter else "")
+        lines += family(name, "counter" if counter else "gauge",
+                        f"Prefix cache: {key.replace('_', ' ')}.", [({}, value)])
+    return lines
 
 
 def _layer_samples(layers: tuple[LayerStats, ...], attr: str) -> list[Sample]:

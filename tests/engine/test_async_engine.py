@@ -9,6 +9,7 @@ import pytest
 
 from freetoken.core import GenerationOutput, GenerationRequest
 from freetoken.engine.async_engine import AsyncEngine
+from freetoken.prefix.build import CacheConfig
 from freetoken.engine.engine import Engine
 
 from tests.engine.fake_model import RecurrentLM
@@ -45,7 +46,7 @@ def test_concurrent_requests_queue_and_match_running_alone(start_engine) -> None
 
 def test_abort_of_a_waiting_request_removes_it_from_the_queue(start_engine) -> None:
     model = RecurrentLM(V, delay_s=0.01)
-    engine = start_engine(model)
+    engine = start_engine(model, cache=CacheConfig(max_running_requests=1))
 
     async def main():
         a = asyncio.create_task(_collect(engine, request([1, 2], rid="a", max_tokens=60)))

@@ -177,7 +177,8 @@ def test_finish_log_line(caplog: pytest.LogCaptureFixture) -> None:
     lines = [r.getMessage() for r in caplog.records if r.name == "freetoken.engine"]
     assert len(lines) == 1
     assert lines[0].startswith(
-        "request req-7 finished (length): prompt 5 tokens, generated 3 tokens, TTFT "
+        "request req-7 finished (length): prompt 5 tokens (reused 0, recomputed 5), generated 3 "
+        "tokens, TTFT "
     )
     assert lines[0].endswith(" tok/s")
 

@@ -1,4 +1,5 @@
-"""Scheduler: chunked prefill under the token budget, FIFO order, removal of any request."""
+"""Scheduler without a prefix cache: continuous batching under the token budget, chunked prefill,
+the running-request limit, removal of any request."""
 
 from __future__ import annotations
 
@@ -14,6 +15,15 @@ def _req(key: int, n_prompt: int) -> EngineRequest:
     return EngineRequest(key, request(list(range(1, n_prompt + 1)), rid=f"r{key}"), lambda _o: None)
 
 
+def _grants(batch) -> list[tuple[int, int, int, bool]]:
+    return [(e.request_key, e.num_computed_tokens, len(e.token_ids), e.sample) for e in batch.entries]
+
+
+def _apply(s: Scheduler, batch, tokens: dict[int, int | None]) -> None:
+    for e in batch.entries:
+        s.update(e, tokens.get(e.request_key) if e.sample else None)
+
+
 def test_long_prompt_is_prefilled_in_budget_sized_chunks_then_decoded() -> None:
     s = Scheduler(SchedulerConfig(max_model_len=10_000, max_num_batched_tokens=2048))
     r = _req(0, 5000)
@@ -21,34 +31,53 @@ def test_long_prompt_is_prefilled_in_budget_sized_chunks_then_decoded() -> None:
     grants = []
     for sampled in (None, None, 77, 78):
         b = s.schedule()
-        grants.append((b.num_computed_tokens, len(b.token_ids), b.sample))
-        s.update(b, sampled)
-    assert grants == [(0, 2048, False), (2048, 2048, False), (4096, 904, True), (5000, 1, True)]
+        grants += _grants(b)
+        _apply(s, b, {0: sampled})
+    assert grants == [(0, 0, 2048, False), (0, 2048, 2048, False), (0, 4096, 904, True),
+                      (0, 5000, 1, True)]
     b = s.schedule()
-    assert b.token_ids == (78,) and b.num_computed_tokens == 5001
+    assert b.entries[0].token_ids == (78,) and b.entries[0].num_computed_tokens == 5001
     assert r.output_ids == [77, 78] and r.status is RequestStatus.RUNNING
 
 
-def test_first_chunk_holds_the_right_ids() -> None:
+def test_first_entry_builds_the_state_and_later_ones_do_not() -> None:
     s = Scheduler(SchedulerConfig(max_model_len=100, max_num_batched_tokens=3))
     s.add(_req(0, 7))
     b = s.schedule()
-    assert b.token_ids == (1, 2, 3)
-    s.update(b, None)
-    assert s.schedule().token_ids == (4, 5, 6)
+    assert b.entries[0].token_ids == (1, 2, 3) and b.entries[0].new_state
+    _apply(s, b, {})
+    b = s.schedule()
+    assert b.entries[0].token_ids == (4, 5, 6) and not b.entries[0].new_state
 
 
-def test_requests_run_one_at_a_time_in_arrival_order() -> None:
-    s = Scheduler(SchedulerConfig(max_model_len=100))
-    a, b = _req(0, 3), _req(1, 3)
-    s.add(a)
-    s.add(b)
-    assert s.schedule().request_key == 0
-    assert s.schedule().request_key == 0  # still a's turn until it finishes
-    assert s.finish(0) is a and a.status is RequestStatus.FINISHED
-    assert s.schedule().request_key == 1
-    assert s.finish(1) is b
-    assert s.schedule() is None and not s.has_unfinished()
+def test_requests_share_a_step_under_the_token_budget() -> None:
+    s = Scheduler(SchedulerConfig(max_model_len=100, max_num_batched_tokens=12))
+    s.add(_req(0, 10))
+    s.add(_req(1, 10))
+    b = s.schedule()
+    assert _grants(b) == [(0, 0, 10, True), (1, 0, 2, False)]
+    _apply(s, b, {0: 50})
+    b = s.schedule()
+    # decode of request 0 first, then the rest of request 1's prompt
+    assert _grants(b) == [(0, 10, 1, True), (1, 2, 8, True)]
+    _apply(s, b, {0: 51, 1: 60})
+    b = s.schedule()
+    assert _grants(b) == [(0, 11, 1, True), (1, 10, 1, True)]
+    assert b.num_tokens == 2
+
+
+def test_running_limit_keeps_the_third_request_waiting_until_one_finishes() -> None:
+    s = Scheduler(SchedulerConfig(max_model_len=100, max_num_batched_tokens=64,
+                                  max_running_requests=2))
+    for k in range(3):
+        s.add(_req(k, 3))
+    b = s.schedule()
+    assert [e.request_key for e in b.entries] == [0, 1]
+    assert [r.key for r in s.waiting] == [2]
+    _apply(s, b, {0: 9, 1: 9})
+    assert s.finish(0, "stop").key == 0
+    b = s.schedule()
+    assert _grants(b) == [(1, 3, 1, True), (2, 0, 3, True)]
 
 
 def test_finish_removes_a_waiting_request_and_unknown_is_none() -> None:
@@ -66,7 +95,8 @@ def test_update_for_a_request_that_is_not_running_raises() -> None:
     b = s.schedule()
     s.finish(0)
     with pytest.raises(KeyError, match="request 0 is not running"):
-        s.update(b, 5)
+        s.update(b.entries[0], 5)
+    assert s.schedule() is None and not s.has_unfinished()
 
 
 def test_config_rejects_bad_limits() -> None:
@@ -74,3 +104,5 @@ def test_config_rejects_bad_limits() -> None:
         SchedulerConfig(max_model_len=10, max_num_batched_tokens=0)
     with pytest.raises(ValueError, match="max_model_len must be >= 2, got 1"):
         SchedulerConfig(max_model_len=1)
+    with pytest.raises(ValueError, match="max_running_requests must be >= 1, got 0"):
+        SchedulerConfig(max_model_len=10, max_running_requests=0)

@@ -96,6 +96,25 @@ def test_openai_stream_equals_non_stream(oai: openai.OpenAI) -> None:
     assert usage.prompt_tokens == full.usage.prompt_tokens
 
 
+def test_repeated_request_reports_the_reused_prefix(oai: openai.OpenAI,
+                                                   ant: anthropic.Anthropic) -> None:
+    """The second identical request reuses all but its last prompt token (prefix cache:
+    radix tree + the generation-start checkpoints of the first one), and says so in usage."""
+    messages = [{"role": "user", "content": "Prefix reuse probe 5d1c: describe the repo."}]
+    first = oai.chat.completions.create(model="m", messages=messages, temperature=0, max_tokens=3)
+    again = oai.chat.completions.create(model="m", messages=messages, temperature=0, max_tokens=3)
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    assert again.usage.prompt_tokens == first.usage.prompt_tokens
+    assert again.usage.prompt_tokens_details.cached_tokens == again.usage.prompt_tokens - 1
+    assert again.choices[0].message.content == first.choices[0].message.content
+    kwargs = dict(model="c", max_tokens=3, extra_body={"temperature": 0},
+                  messages=[{"role": "user", "content": "Prefix reuse probe 9e2a: list files."}])
+    one, two = ant.messages.create(**kwargs), ant.messages.create(**kwargs)
+    assert (one.usage.cache_read_input_tokens or 0) == 0
+    assert two.usage.cache_read_input_tokens == _prompt_tokens(one.usage) - 1
+    assert two.usage.input_tokens == 1
+
+
 def test_openai_ignore_eos_and_cap(oai: openai.OpenAI) -> None:
     out = oai.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}],
                                       max_tokens=7, extra_body={"ignore_eos": True})
@@ -136,7 +155,7 @@ def test_anthropic_stream_equals_non_stream(ant: anthropic.Anthropic) -> None:
     with ant.messages.stream(**kwargs) as stream:
         final = stream.get_final_message()
     assert [b.model_dump() for b in final.content] == [b.model_dump() for b in full.content]
-    assert final.usage.input_tokens == full.usage.input_tokens
+    assert _prompt_tokens(final.usage) == _prompt_tokens(full.usage)
     assert final.usage.output_tokens == full.usage.output_tokens
     counted = ant.messages.count_tokens(model="x", messages=kwargs["messages"])
     assert counted.input_tokens == _prompt_tokens(full.usage)

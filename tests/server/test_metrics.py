@@ -16,6 +16,8 @@ COUNTERS = EngineCounters(
     generation_tokens=99,
     running=1,
     waiting=0,
+    cached_tokens=500,
+    prefix={"kv_pages_free": 10, "checkpoint_saves": 4},
 )
 LAYERS = (
     LayerStats(0, steps=10, hits=40, misses=20, fills=15, cpu_experts=5, evictions=3, q_sum=12,
@@ -49,6 +51,15 @@ freetoken_requests_running 1
 # HELP freetoken_requests_waiting Requests queued.
 # TYPE freetoken_requests_waiting gauge
 freetoken_requests_waiting 0
+# HELP freetoken_prompt_tokens_cached_total Prompt tokens reused from the prefix cache (radix tree + checkpoints).
+# TYPE freetoken_prompt_tokens_cached_total counter
+freetoken_prompt_tokens_cached_total 500
+# HELP freetoken_prefix_checkpoint_saves_total Prefix cache: checkpoint saves.
+# TYPE freetoken_prefix_checkpoint_saves_total counter
+freetoken_prefix_checkpoint_saves_total 4
+# HELP freetoken_prefix_kv_pages_free Prefix cache: kv pages free.
+# TYPE freetoken_prefix_kv_pages_free gauge
+freetoken_prefix_kv_pages_free 10
 """
 
 MOE_TEXT = """\

@@ -1,0 +1,214 @@
+"""``forward_batch``: several sequences (prefill chunks and decode tokens mixed) in one step equal
+each sequence run alone through ``forward``; the MoE sees all tokens at once; bad input changes
+nothing."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from freetoken.models import attention
+from freetoken.models.base import CausalLM, SequenceState
+from freetoken.models.paged import PagedKV, SlotTable
+from freetoken.models.registry import load_model
+from freetoken.offload.backend import MoeConfig
+from freetoken.prefix.kv_pool import KVPagePool
+from tests.models.conftest import prompt_ids
+
+REL_TOL = 1e-5  # of the logit scale (max |logit|), fp32
+STEPS = 16
+PROMPT_LENGTHS = (1, 7, 13)
+# step -> (sequence, extra tokens): that sequence prefills a chunk while the others decode
+CHUNKS = {3: (1, 5), 8: (0, 9), 12: (2, 2)}
+
+
+@pytest.fixture(scope="module")
+def model(arch, tiny_checkpoint):
+    path = tiny_checkpoint(arch)
+    return load_model(path), prompt_ids(path, 40)
+
+
+def paged_states(ft, n: int, slots_each: int = 48):
+    """``n`` paged states over one pool, each with its own table of ``slots_each`` slots."""
+    pool = KVPagePool(ft.kv_layout(), num_pages=n * slots_each // 4, page_size=4)
+    states = []
+    for _ in range(n):
+        pages = pool.alloc_pages(slots_each // 4)[::-1]  # pages in descending order
+        table = SlotTable([s for p in pages for s in pool.page_slots(p)])
+        states.append(ft.new_paged_state(pool, table))
+    return states
+
+
+def step_inputs(step: int, tokens: list[int], ids: torch.Tensor) -> list[torch.Tensor]:
+    """Each sequence's next token, plus a prefill chunk for the sequence CHUNKS names."""
+    inputs = [torch.tensor([t]) for t in tokens]
+    if step in CHUNKS:
+        seq, extra = CHUNKS[step]
+        inputs[seq] = torch.cat([inputs[seq], ids[20 : 20 + extra]])
+    return inputs
+
+
+def test_batch_equals_each_sequence_alone(model) -> None:
+    ft, ids = model
+    prompts = [ids[:n] for n in PROMPT_LENGTHS]
+    batched_states = paged_states(ft, 3)
+    batched = ft.forward_batch(prompts, batched_states)
+    assert batched.shape == (3, ft.config.vocab_size) and batched.dtype == torch.float32
+
+    alone_states = [ft.new_state() for _ in prompts]
+    alone = torch.cat([ft(p, s) for p, s in zip(prompts, alone_states)])
+    tokens_b, tokens_a = [], []
+    for step in range(STEPS + 1):
+        scale = alone.abs().max().item()
+        assert (batched - alone).abs().max().item() <= REL_TOL * scale
+        tokens_b.append(batched.argmax(-1).tolist())
+        tokens_a.append(alone.argmax(-1).tolist())
+        if step == STEPS:
+            break
+        batched = ft.forward_batch(step_inputs(step, tokens_b[-1], ids), batched_states)
+        alone = torch.cat([ft(x, s) for x, s in
+                           zip(step_inputs(step, tokens_a[-1], ids), alone_states)])
+    assert tokens_b == tokens_a  # greedy-identical, each run following its own tokens
+    extra = [sum(n for s, (q, n) in CHUNKS.items() if q == i) for i in range(3)]
+    for i, (b, a) in enumerate(zip(batched_states, alone_states)):
+        assert b.num_tokens == a.num_tokens == PROMPT_LENGTHS[i] + STEPS + extra[i]
+
+
+def test_long_input_runs_its_leading_chunks_alone(model, monkeypatch) -> None:
+    ft, ids = model
+    seen = []
+    build = attention.AttnContext.build
+
+    def recording(start, length, rotary, dtype):
+        seen.append((start, length))
+        return build(start, length, rotary, dtype)
+
+    monkeypatch.setattr(attention.AttnContext, "build", staticmethod(recording))
+    monkeypatch.setattr(ft, "prefill_chunk", 4)
+    first, second = ft.new_state(), ft.new_state()
+    ft(ids[:2], second)
+    seen.clear()
+    out = ft.forward_batch([ids[:13], ids[2:9]], [first, second])
+    # 13 tokens: chunks [0,4) [4,8) [8,12) alone, then the last token joins the batch together
+    # with the other sequence's last chunk [6, 9) (7 tokens at position 2: [2,6) alone first)
+    assert seen == [(0, 4), (4, 4), (8, 4), (2, 4), (12, 1), (6, 3)]
+    assert (first.num_tokens, second.num_tokens) == (13, 9)
+    ref_a, ref_b = ft.new_state(), ft.new_state()
+    ft(ids[:2], ref_b)
+    ref = torch.cat([ft(ids[:13], ref_a), ft(ids[2:9], ref_b)])
+    assert (out - ref).abs().max().item() <= REL_TOL * ref.abs().max().item()
+
+
+def test_decode_threads_apply_when_every_input_is_one_token(model, monkeypatch) -> None:
+    ft, ids = model
+    before = torch.get_num_threads()
+    monkeypatch.setattr(ft, "decode_threads", before + 1)
+    seen = []
+    run = ft._forward_batch
+
+    def recording(inputs, states):
+        seen.append(torch.get_num_threads())
+        return run(inputs, states)
+
+    monkeypatch.setattr(ft, "_forward_batch", recording)
+    states = [ft.new_state(), ft.new_state()]
+    ft.forward_batch([ids[:1], ids[1:2]], states)
+    ft.forward_batch([ids[:1], ids[1:3]], states)
+    assert seen == [before + 1, before]
+    assert torch.get_num_threads() == before
+
+
+def test_bad_batch_shapes(model) -> None:
+    ft, ids = model
+    state = ft.new_state()
+    cases = [
+        ((ids[:1], [state]), "forward_batch takes a list of input_ids and a list of states"),
+        (([ids[:1]], []), "forward_batch got 1 inputs but 0 states"),
+        (([ids[:1], ids[:2]], [state]), "forward_batch got 2 inputs but 1 states"),
+        (([], []), "forward_batch needs at least one sequence"),
+    ]
+    for args, message in cases:
+        with pytest.raises(ValueError) as err:
+            ft.forward_batch(*args)
+        assert str(err.value) == message
+    assert state.num_tokens == 0
+
+
+def test_any_bad_input_changes_no_state(model) -> None:
+    ft, ids = model
+    states = paged_states(ft, 2, slots_each=8)
+    ft.forward_batch([ids[:3], ids[:5]], states)
+    kvs = [kv for s in states for kv in s.layers if isinstance(kv, PagedKV)]
+    pool_k = kvs[0].pool.k.clone()
+    with pytest.raises(ValueError) as err:
+        ft.forward_batch([ids[:2], torch.tensor([1, 8256])], states)
+    assert str(err.value) == "token id 8256 out of range [0, 8256)"
+    with pytest.raises(ValueError) as err:
+        ft.forward_batch([ids[:1], ids[:1]], [states[0], states[0]])
+    assert str(err.value) == "forward_batch got the same state more than once"
+    with pytest.raises(RuntimeError) as err:
+        ft.forward_batch([ids[:5], ids[:4]], states)
+    assert str(err.value) == ("slot table has 8 token slots but attention layer 0 needs 9 "
+                              "(5 cached + 4 new); extend the SlotTable before the forward")
+    assert [s.num_tokens for s in states] == [3, 5]
+    assert [kv.length for kv in kvs] == [3] * (len(kvs) // 2) + [5] * (len(kvs) // 2)
+    assert torch.equal(kvs[0].pool.k, pool_k)
+
+
+def test_offloaded_experts_see_the_whole_batch(tiny_checkpoint) -> None:
+    path = tiny_checkpoint("qwen3_next")
+    resident = load_model(path)
+    model = load_model(path, moe=MoeConfig(backend="hybrid", cache="0.25"), bandwidths=(4.0, 2.0))
+    runtime = model.moe_runtime
+    ids = prompt_ids(path, 13)
+    r_states = [resident.new_state() for _ in range(3)]
+    o_states = [model.new_state() for _ in range(3)]
+    inputs = [ids[:1], ids[:7], ids]
+    for step in range(4):
+        runtime.begin_step()
+        got = model.forward_batch(inputs, o_states)
+        runtime.end_step()
+        want = resident.forward_batch(inputs, r_states)
+        assert (got - want).abs().max().item() <= REL_TOL * want.abs().max().item()
+        assert got.argmax(-1).tolist() == want.argmax(-1).tolist()
+        inputs = [t.reshape(1) for t in want.argmax(-1)]
+    stats = runtime.stats()
+    # one routed-expert call per MoE layer and step, whatever the batch size
+    assert [layer.steps for layer in stats.layers] == [4] * model.config.num_hidden_layers
+    runtime.cache.check_invariants()
+
+
+class _Bigram(CausalLM):
+    """A parameterless model: logits are one-hot of (last id + number of earlier tokens) mod V."""
+
+    class State(SequenceState):
+        def __init__(self) -> None:
+            self.num_tokens = 0
+
+    vocab = 11
+
+    def new_state(self) -> "_Bigram.State":
+        return self.State()
+
+    def forward(self, input_ids, state, all_logits=False):
+        pos = torch.arange(state.num_tokens, state.num_tokens + input_ids.numel())
+        state.num_tokens += input_ids.numel()
+        out = torch.nn.functional.one_hot((input_ids + pos) % self.vocab, self.vocab).double()
+        return out if all_logits else out[-1:]
+
+
+def test_default_forward_batch_loops_forward() -> None:
+    lm = _Bigram()
+    states = [lm.new_state(), lm.new_state()]
+    states[1].num_tokens = 4
+    out = lm.forward_batch([torch.tensor([3, 9]), torch.tensor([2])], states)
+    assert out.dtype == torch.float32 and out.shape == (2, 11)
+    assert out.argmax(-1).tolist() == [(9 + 1) % 11, (2 + 4) % 11]
+    assert out.sum().item() == 2.0
+    assert [s.num_tokens for s in states] == [2, 5]
+    with pytest.raises(ValueError) as err:
+        lm.forward_batch([torch.tensor([1])], states)
+    assert str(err.value) == "forward_batch got 1 inputs but 2 states"
+    with pytest.raises(ValueError) as err:
+        lm.forward_batch([], [])
+    assert str(err.value) == "forward_batch needs at least one sequence"

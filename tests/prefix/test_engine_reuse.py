@@ -1,0 +1,159 @@
+"""Prefix reuse through the engine on the tiny hybrid (Gated DeltaNet + attention) model.
+
+For each harness edit (a)-(f) of issue 4, a first request is served, then the edited one; the
+reused prompt tokens (``cached_tokens``) must equal the start of the edited block (computed from
+the rendered text, independently of the engine's anchor code), i.e. only the tokens after the
+edit point are recomputed. With anchors off (tail-only checkpoints) the same edits reuse nothing.
+Warm outputs must equal the outputs of a fresh engine.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from freetoken.prefix.anchors import AnchorPolicy
+
+from tests.prefix.engine_helpers import (
+    agent_turns, call, expected_reuse, ids, make_engine, render, result, serve,
+)
+
+ARCH = "qwen3_next"
+ALL = AnchorPolicy.all()
+TAIL_ONLY = AnchorPolicy.parse("generation_end")
+
+
+def _thinking_removed():
+    first = agent_turns(2)
+    second = first + [{"role": "assistant", "content": "Fixed the split."},
+                      {"role": "user", "content": "Now add a test."}]
+    return first, second  # the template drops earlier turns' reasoning after a new user query
+
+
+def _tool_output_replaced():
+    first = agent_turns(3)
+    second = [dict(m) for m in first]
+    second[3] = result("c0", "[Old tool result content cleared]")
+    return first, second
+
+
+def _observations_elided():
+    first = agent_turns(4)
+    second = [dict(m) for m in first]
+    for i in (3, 5):  # all but the last two observations
+        second[i] = result(second[i]["tool_call_id"], "Old environment output: (6 lines omitted)")
+    return first, second
+
+
+def _reply_rerendered():
+    first = agent_turns(1)
+    second = first + [{"role": "assistant", "content": "The split needed maxsplit=-1."},
+                      {"role": "user", "content": "Thanks. Commit it."}]
+    return first, second
+
+
+def _identical():
+    first = agent_turns(2)
+    return first, [dict(m) for m in first]
+
+
+def _suffix():
+    first = agent_turns(1)
+    return first, first + [call("c9", "pytest -q"), result("c9", "3 passed")]
+
+
+def _sub_agents():
+    first = agent_turns(0)
+    second = [dict(m) for m in first]
+    second[1] = {"role": "user", "content": "Sub-task: list every caller of parse()."}
+    return first, second
+
+
+EDITS = {
+    "a_thinking_removed": _thinking_removed,
+    "b_tool_output_replaced": _tool_output_replaced,
+    "c_observations_elided": _observations_elided,
+    "d_reply_rerendered": _reply_rerendered,
+    "e_identical": _identical,
+    "e_suffix": _suffix,
+    "f_sub_agents": _sub_agents,
+}
+
+
+@pytest.mark.parametrize("edit", sorted(EDITS))
+def test_edit_recomputes_only_the_tokens_after_the_edit_point(edit: str) -> None:
+    first, second = EDITS[edit]()
+    text1, p1 = render(ARCH, first)
+    text2, p2 = render(ARCH, second)
+    want = expected_reuse(ARCH, text1, text2)
+    assert 0 < want < len(p2)
+    engine = make_engine(ARCH, anchors=ALL)
+    serve(engine, p1, key=0)
+    warm = serve(engine, p2, key=1)
+    assert warm[-1].cached_tokens == want
+    assert warm[-1].prompt_tokens - warm[-1].cached_tokens == len(p2) - want
+    cold = serve(make_engine(ARCH, anchors=ALL), p2, key=0)
+    assert cold[-1].cached_tokens == 0
+    assert ids(warm) == ids(cold)
+
+
+@pytest.mark.parametrize("edit", ["a_thinking_removed", "b_tool_output_replaced",
+                                  "c_observations_elided", "f_sub_agents"])
+def test_without_anchors_the_same_edits_recompute_the_whole_prompt(edit: str) -> None:
+    first, second = EDITS[edit]()
+    _, p1 = render(ARCH, first)
+    _, p2 = render(ARCH, second)
+    engine = make_engine(ARCH, anchors=TAIL_ONLY)
+    serve(engine, p1, key=0)
+    assert serve(engine, p2, key=1)[-1].cached_tokens == 0
+
+
+def test_default_policy_falls_back_to_the_turn_start() -> None:
+    first, second = _tool_output_replaced()
+    text1, p1 = render(ARCH, first)
+    _, p2 = render(ARCH, second)
+    engine = make_engine(ARCH)  # turn starts + generation start/end
+    serve(engine, p1, key=0)
+    got = serve(engine, p2, key=1)[-1].cached_tokens
+    block = text1.index("<tool_response>")
+    turn = text1.rfind("<|im_start|>", 0, block)
+    assert got == len(_encode(text1[:turn]))
+    assert got < expected_reuse(ARCH, text1, render(ARCH, second)[0])
+
+
+def test_next_turn_after_generation_reuses_prompt_and_reply() -> None:
+    """Generation end: the next request that renders the sampled reply token-for-token reuses the
+    whole earlier prompt and every generated token."""
+    _, p1 = render(ARCH, agent_turns(1))
+    engine = make_engine(ARCH)
+    out = ids(serve(engine, p1, key=0, max_tokens=5))
+    follow = p1 + tuple(out) + tuple(_encode("<|im_end|>\n<|im_start|>user\nnext<|im_end|>\n"))
+    warm = serve(engine, follow, key=1)
+    assert warm[-1].cached_tokens == len(p1) + len(out)
+    assert ids(warm) == ids(serve(make_engine(ARCH), follow, key=0))
+
+
+def test_attention_only_model_reuses_the_longest_common_prefix() -> None:
+    arch = "qwen3_moe"
+    first, second = _tool_output_replaced()
+    _, p1 = render(arch, first)
+    _, p2 = render(arch, second)
+    lcp = next(i for i, (a, b) in enumerate(zip(p1, p2)) if a != b)
+    engine = make_engine(arch, anchors=TAIL_ONLY)
+    serve(engine, p1, key=0)
+    warm = serve(engine, p2, key=1)
+    assert warm[-1].cached_tokens == lcp
+    assert ids(warm) == ids(serve(make_engine(arch), p2, key=0))
+
+
+def test_reuse_off_computes_everything() -> None:
+    _, p1 = render(ARCH, agent_turns(1))
+    engine = make_engine(ARCH, prefix_reuse=False)
+    serve(engine, p1, key=0)
+    assert serve(engine, p1, key=1)[-1].cached_tokens == 0
+    assert engine.prefix.tree.num_tokens == 0
+
+
+def _encode(text: str) -> list[int]:
+    from tests.prefix.engine_helpers import tiny
+
+    return list(tiny(ARCH)[2].encode(text))
