@@ -14,6 +14,7 @@ pools (``freetoken.prefix``); the batch carries only their ids.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from freetoken.core import SamplingParams
 
@@ -38,7 +39,8 @@ class SeqWork:
             only with ``new_state`` on a paged model.
         restore_checkpoint: recurrent-state checkpoint id to load, or None.
         slots: KV token slots for ``token_ids`` (paged models; empty otherwise).
-        checkpoint: True when the engine saves a recurrent-state checkpoint after this entry.
+        capture: positions ``p`` (``num_computed_tokens < p <= num_computed_tokens + T``) where
+            the recurrent state is snapshotted for a checkpoint (anchors inside the chunk).
         decode: True when ``token_ids`` are fed-back sampled tokens (decode phase), False for
             prompt ids (prefill phase).
     """
@@ -52,7 +54,7 @@ class SeqWork:
     prefix_slots: tuple[int, ...] = ()
     restore_checkpoint: int | None = None
     slots: tuple[int, ...] = ()
-    checkpoint: bool = False
+    capture: tuple[int, ...] = ()
     decode: bool = False
 
 
@@ -79,6 +81,8 @@ class ForwardOutput:
         top_logprobs: the top ``(token_id, logprob)`` alternatives when requested.
         error: a message when the forward pass or sampling raised (the runner has already
             dropped the request's state); None on success.
+        snapshots: ``(position, state tensors)`` for each captured position of the entry
+            (copies, in ``DecoderLM.recurrent_tensors`` order).
     """
 
     request_key: int
@@ -86,3 +90,4 @@ class ForwardOutput:
     logprob: float | None = None
     top_logprobs: tuple[tuple[int, float], ...] = ()
     error: str | None = None
+    snapshots: tuple[tuple[int, tuple[Any, ...]], ...] = ()

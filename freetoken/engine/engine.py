@@ -165,7 +165,7 @@ class Engine:
             else:  # a commit step of a request that already finished
                 self.scheduler.abandon_commit(work.request_key)
             return
-        req = self.scheduler.update(work, output.token_id)
+        req = self.scheduler.update(work, output)
         if req is None:  # commit step done
             return
         self._book.on_step(work.num_computed_tokens, len(work.token_ids), req.num_prompt_tokens,

@@ -146,34 +146,40 @@ class ModelRunner:
         return slot
 
     def _forward(self, batch: ScheduledBatch, ids: list[torch.Tensor],
-                 states: list[SequenceState]) -> torch.Tensor:
+                 states: list[SequenceState]):
         if self.routing_recorder is not None:
             first = batch.entries[0]
             decode = all(e.decode for e in batch.entries)
             self.routing_recorder.begin_step(first.request_key, 1 if decode else 0)
+        capture = [w.capture for w in batch.entries]
         runtime = self.moe_runtime
-        if runtime is None:
-            return self.model.forward_batch(ids, states)
-        runtime.begin_step()
+        if runtime is not None:
+            runtime.begin_step()
         try:
-            return self.model.forward_batch(ids, states)
+            if any(capture):
+                return self.model.forward_batch_capture(ids, states, capture)
+            return self.model.forward_batch(ids, states), None
         finally:
-            runtime.end_step()
+            if runtime is not None:
+                runtime.end_step()
 
     def _execute(self, batch: ScheduledBatch) -> list[ForwardOutput]:
         slots = [self._slot(work) for work in batch.entries]
         ids = [torch.tensor(w.token_ids, dtype=torch.long, device=self.device)
                for w in batch.entries]
-        logits = self._forward(batch, ids, [s.state for s in slots])  # [B, V]
+        logits, snapshots = self._forward(batch, ids, [s.state for s in slots])  # [B, V]
         outputs = []
         for row, (work, slot) in enumerate(zip(batch.entries, slots)):
+            snaps = ()
+            if snapshots is not None:
+                snaps = tuple((p, tuple(t)) for p, t in sorted(snapshots[row].items()))
             if not work.sample:
-                outputs.append(ForwardOutput(work.request_key))
+                outputs.append(ForwardOutput(work.request_key, snapshots=snaps))
                 continue
             last = logits[row]  # [V]
             if self.sampleable_vocab is not None and self.sampleable_vocab < last.shape[-1]:
                 last = last[: self.sampleable_vocab]
             picked = sample(last, work.sampling, slot.generator)
             outputs.append(ForwardOutput(work.request_key, picked.token_id, picked.logprob,
-                                         picked.top))
+                                         picked.top, snapshots=snaps))
         return outputs

@@ -6,8 +6,9 @@ budget (``max_num_batched_tokens``), vLLM v1 / SGLang style with unified token a
 1. commit steps of requests that just finished (their last sampled token is fed once so the
    generation-end checkpoint and KV exist for the next turn);
 2. one decode token for every running request whose prompt is done;
-3. the next prefill chunk of running requests still prefilling (FCFS), each chunk ending at the
-   next recurrent-state checkpoint position so the state is captured exactly there;
+3. the next prefill chunk of running requests still prefilling (FCFS); the anchor positions
+   inside a chunk are listed in its ``capture`` so the model snapshots the recurrent state
+   exactly there without splitting the chunk;
 4. admission of waiting requests while fewer than ``max_running_requests`` run and budget
    remains: the prefix cache matches their ids and allocates their prompt's KV slots (admission
    by memory; a request that does not fit waits).
@@ -23,7 +24,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from freetoken.engine.batch import ScheduledBatch, SeqWork
+from freetoken.engine.batch import ForwardOutput, ScheduledBatch, SeqWork
 from freetoken.engine.request import EngineRequest, RequestStatus
 from freetoken.prefix.kv_pool import OutOfPages
 from freetoken.prefix.manager import PrefixCache, StateTensors
@@ -175,15 +176,13 @@ class Scheduler:
         start = req.num_computed_tokens
         stop = min(req.num_tokens, start + budget)
         prefix = self.prefix
-        if prefix is not None and stop - start > 1:
-            boundary = prefix.next_boundary(req.key, start)
-            if boundary is not None and boundary < stop:
-                stop = boundary
         slots: tuple[int, ...] = ()
+        capture: tuple[int, ...] = ()
         if prefix is not None:
             slots = self._slots(req, start, stop)
             if slots is None:
                 return None
+            capture = prefix.boundaries_in(req.key, start, stop)
         work = SeqWork(
             request_key=req.key,
             token_ids=req.token_slice(start, stop),
@@ -194,19 +193,12 @@ class Scheduler:
             prefix_slots=req.restore.slots if (req.needs_state and req.restore) else (),
             restore_checkpoint=req.restore.checkpoint if (req.needs_state and req.restore) else None,
             slots=slots,
-            checkpoint=prefix is not None and prefix.hybrid and self._at_checkpoint(req, stop),
+            capture=capture,
             decode=start >= req.num_prompt_tokens,
         )
         req.needs_state = False
         self._scheduled.add(req.key)
         return work
-
-    def _at_checkpoint(self, req: EngineRequest, stop: int) -> bool:
-        prefix = self.prefix
-        if stop <= req.num_computed_tokens:
-            return False
-        boundary = prefix.next_boundary(req.key, req.num_computed_tokens)
-        return boundary is not None and boundary == stop
 
     def _slots(self, req: EngineRequest, start: int, stop: int) -> tuple[int, ...] | None:
         """KV slots for ``[start, stop)``; preempts younger requests when the pool is full."""
@@ -239,13 +231,13 @@ class Scheduler:
             return None
         self._scheduled.add(req.key)
         return SeqWork(req.key, req.token_slice(start, start + 1), start, False,
-                       req.request.sampling, slots=slots, checkpoint=self.prefix.hybrid,
-                       decode=True)
+                       req.request.sampling, slots=slots,
+                       capture=(start + 1,) if self.prefix.hybrid else (), decode=True)
 
     # ------------------------------------------------------------------ update
-    def update(self, work: SeqWork, token_id: int | None) -> EngineRequest | None:
+    def update(self, work: SeqWork, output: ForwardOutput) -> EngineRequest | None:
         """Account for an executed entry: its ids are now computed; append the sampled token;
-        save the checkpoint the entry asked for.
+        save the checkpoints of the states it captured.
 
         Returns:
             The running request, or None for a commit step (the request had already finished;
@@ -264,14 +256,15 @@ class Scheduler:
         if work.num_computed_tokens < req.num_prompt_tokens:
             req.num_prefilled_tokens += min(req.num_computed_tokens, req.num_prompt_tokens) - \
                 work.num_computed_tokens
-        if work.checkpoint:
-            self.prefix.checkpoint(req.key, req.token_slice(0, req.num_computed_tokens),
-                                   req.num_computed_tokens, self._state_tensors(req.key))
+        if output.snapshots:
+            ids = req.token_slice(0, req.num_computed_tokens)
+            for position, tensors in output.snapshots:
+                self.prefix.checkpoint(req.key, ids, position, tensors)
         if committing:
-            self._end_commit(req, with_state=True)
+            self._end_commit(req, with_state=False)
             return None
-        if token_id is not None:
-            req.append_token(token_id)
+        if output.token_id is not None:
+            req.append_token(output.token_id)
         return req
 
     def abandon_commit(self, key: int) -> None:

@@ -14,7 +14,7 @@ offset mask; the caller bounds T so no ``[T_total, T_total]`` matrix is ever bui
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -37,6 +37,10 @@ class AttnContext:
         cos, sin: ``[T, 1, rot/2]`` RoPE tables for positions ``start..start+T-1``.
         mask: ``[T, start+T]`` additive float mask (0 / -inf) or None when not needed.
         is_causal: True for a first chunk (``start == 0``, T > 1): plain causal SDPA.
+        capture: offsets ``0 < o <= T`` inside the chunk where Gated DeltaNet layers snapshot
+            their state (recurrent-state checkpoints at anchors without splitting the forward).
+        snapshots: filled by the GDN layers, offset -> ``[conv, recurrent, conv, recurrent, ...]``
+            in layer order (the order of ``DecoderLM.recurrent_tensors``).
     """
 
     start: int
@@ -45,11 +49,14 @@ class AttnContext:
     sin: torch.Tensor
     mask: torch.Tensor | None
     is_causal: bool
+    capture: tuple[int, ...] = ()
+    snapshots: dict[int, list[torch.Tensor]] = field(default_factory=dict)
 
     @classmethod
     def build(cls, start: int, length: int, rotary: RotaryTable,
-              dtype: torch.dtype) -> "AttnContext":
-        """RoPE tables and the causal mask for a chunk of ``length`` tokens after ``start``."""
+              dtype: torch.dtype, capture: tuple[int, ...] = ()) -> "AttnContext":
+        """RoPE tables and the causal mask for a chunk of ``length`` tokens after ``start``;
+        ``capture``: state snapshot offsets (see the class docstring)."""
         cos, sin = rotary.get(start, length, dtype)
         mask = None
         if start > 0 and length > 1:
@@ -57,7 +64,7 @@ class AttnContext:
             mask = torch.zeros(length, start + length, dtype=dtype, device=cos.device)
             future = torch.ones(length, length, dtype=torch.bool, device=cos.device).triu(1)
             mask[:, start:].masked_fill_(future, float("-inf"))
-        return cls(start, length, cos, sin, mask, start == 0 and length > 1)
+        return cls(start, length, cos, sin, mask, start == 0 and length > 1, tuple(capture))
 
 
 class Attention(nn.Module):

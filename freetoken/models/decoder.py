@@ -275,13 +275,18 @@ class DecoderLM(CausalLM):
             if isinstance(layer_state, PagedKV):
                 layer_state.check_room(input_ids.numel())
 
-    def _run_chunk(self, ids: torch.Tensor, state: HybridState) -> torch.Tensor:
+    def _run_chunk(self, ids: torch.Tensor, state: HybridState,
+                   snapshots: dict[int, list[torch.Tensor]] | None = None,
+                   capture: tuple[int, ...] = ()) -> torch.Tensor:
         start, t = state.num_tokens, ids.shape[0]
         h = F.embedding(ids, self.embed)
-        ctx = AttnContext.build(start, t, self.rotary, self.dtype)
+        offsets = tuple(p - start for p in capture if start < p <= start + t)
+        ctx = AttnContext.build(start, t, self.rotary, self.dtype, offsets)
         for layer, layer_state in zip(self.layers, state.layers):
             h = layer(h, layer_state, ctx)
         state.num_tokens = start + t
+        if snapshots is not None:
+            snapshots.update({start + o: snap for o, snap in ctx.snapshots.items()})
         return h
 
     def forward(self, input_ids: torch.Tensor, state: HybridState,
@@ -331,7 +336,7 @@ class DecoderLM(CausalLM):
         return outputs[0] if len(outputs) == 1 else torch.cat(outputs)
 
     def forward_batch(self, inputs: list[torch.Tensor],
-                      states: list[HybridState]) -> torch.Tensor:
+                      states: list[HybridState], _capture=None) -> torch.Tensor:
         """One step over ``B`` sequences: prefill chunks and decode tokens mixed.
 
         Embedding, norms, MLP / MoE (the offload runtime sees ``[sum T_i, H]``) and ``lm_head``
@@ -368,28 +373,57 @@ class DecoderLM(CausalLM):
         for ids, state in zip(inputs, states):
             self._check_input(ids, state)
         decode = all(ids.numel() == 1 for ids in inputs)
-        return self._threaded(decode, self._forward_batch, inputs, states)
+        return self._threaded(decode, self._forward_batch, inputs, states, _capture)
 
-    def _forward_batch(self, inputs: list[torch.Tensor],
-                       states: list[HybridState]) -> torch.Tensor:
+    def forward_batch_capture(self, inputs: list[torch.Tensor], states: list[HybridState],
+                              capture: list[tuple[int, ...]]
+                              ) -> tuple[torch.Tensor, list[dict[int, list[torch.Tensor]]]]:
+        """:meth:`forward_batch` that also snapshots each sequence's recurrent state at the
+        absolute positions ``capture[i]`` (``num_tokens < p <= num_tokens + T_i``) inside its
+        input, without splitting the forward (Gated DeltaNet layers run their delta rule segment
+        by segment; attention and MLP see the whole chunk).
+
+        Returns:
+            ``(logits [B, V], snapshots)`` with ``snapshots[i]`` mapping each captured position to
+            copies of the state tensors in :meth:`recurrent_tensors` order.
+
+        Raises:
+            ValueError: as :meth:`forward_batch`, or ``capture`` not one entry per sequence.
+        """
+        if not isinstance(capture, (list, tuple)) or len(capture) != len(inputs):
+            raise ValueError("forward_batch_capture needs one capture tuple per sequence")
+        snapshots: list[dict[int, list[torch.Tensor]]] = [{} for _ in inputs]
+        logits = self.forward_batch(inputs, states, _capture=(capture, snapshots))
+        return logits, snapshots
+
+    def _forward_batch(self, inputs: list[torch.Tensor], states: list[HybridState],
+                       capture=None) -> torch.Tensor:
         device, chunk = self.embed.device, self.prefill_chunk
+        wanted, snapshots = capture if capture is not None else ([()] * len(inputs), None)
         tails = []
         with torch.inference_mode():
-            for ids, state in zip(inputs, states):
+            for i, (ids, state) in enumerate(zip(inputs, states)):
                 ids = ids.to(device=device, dtype=torch.int64)
                 head = (ids.shape[0] - 1) // chunk * chunk  # full leading chunks
                 for s in range(0, head, chunk):
-                    self._run_chunk(ids[s : s + chunk], state)
+                    self._run_chunk(ids[s : s + chunk], state,
+                                    None if snapshots is None else snapshots[i], wanted[i])
                 tails.append(ids[head:])
             bounds = [0]
             for ids in tails:
                 bounds.append(bounds[-1] + ids.shape[0])
-            ctxs = [AttnContext.build(state.num_tokens, ids.shape[0], self.rotary, self.dtype)
-                    for ids, state in zip(tails, states)]
+            ctxs = [AttnContext.build(state.num_tokens, ids.shape[0], self.rotary, self.dtype,
+                                      tuple(p - state.num_tokens for p in want
+                                            if state.num_tokens < p <= state.num_tokens
+                                            + ids.shape[0]))
+                    for ids, state, want in zip(tails, states, wanted)]
             h = F.embedding(torch.cat(tails) if len(tails) > 1 else tails[0], self.embed)
             for i, layer in enumerate(self.layers):
                 h = layer.forward_batch(h, bounds, [s.layers[i] for s in states], ctxs)
-            for ids, state in zip(tails, states):
+            for i, (ids, state, ctx) in enumerate(zip(tails, states, ctxs)):
+                if snapshots is not None:
+                    snapshots[i].update({state.num_tokens + o: snap
+                                         for o, snap in ctx.snapshots.items()})
                 state.num_tokens += ids.shape[0]
             last = torch.tensor(bounds[1:], device=device) - 1
             return F.linear(self.norm(h.index_select(0, last)), self.lm_head).float()

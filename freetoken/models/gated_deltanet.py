@@ -111,7 +111,10 @@ class GatedDeltaNet(nn.Module):
         Args:
             x: ``[T, H]`` normed hidden states (model dtype).
             state: this layer's conv/recurrent state, updated in place.
-            ctx: unused (positions do not enter a GDN layer).
+            ctx: the chunk's ``AttnContext`` or None; when it lists ``capture`` offsets, the
+                delta rule runs segment by segment and the state after each offset's token is
+                appended to ``ctx.snapshots[offset]`` (conv ``[conv_dim, K-1]``, recurrent
+                ``[Hv, dk, dv]``; copies).
 
         Returns:
             ``[T, H]`` output after ``out_proj``.
@@ -119,6 +122,8 @@ class GatedDeltaNet(nn.Module):
         t = x.shape[0]
         proj = F.linear(x, self.in_weight)
         c, vd = self.conv_dim, self.value_dim
+        capture = getattr(ctx, "capture", ())
+        conv_before = state.conv.clone() if capture else None
         mixed = F.silu(causal_conv1d(proj[:, :c], self.conv_weight, state.conv))
         z = proj[:, c : c + vd].reshape(t, self.hv, self.dv)
         b = proj[:, c + vd : c + vd + self.hv]
@@ -128,7 +133,31 @@ class GatedDeltaNet(nn.Module):
         v = mixed[:, 2 * self.key_dim :].reshape(t, self.hv, self.dv).float()
         beta = torch.sigmoid(b).float()
         g = -self.A_log.exp() * F.softplus(a.float() + self.dt_bias)
-        rule = recurrent_gated_delta_rule if t == 1 else chunk_gated_delta_rule
-        core = rule(q, k, v, g, beta, state.recurrent).to(x.dtype)
-        out = gated_rms_norm(core, z, self.norm_weight, self.eps)
+        if capture:
+            core = self._segments(q, k, v, g, beta, state, proj[:, :c], conv_before, ctx)
+        else:
+            rule = recurrent_gated_delta_rule if t == 1 else chunk_gated_delta_rule
+            core = rule(q, k, v, g, beta, state.recurrent)
+        out = gated_rms_norm(core.to(x.dtype), z, self.norm_weight, self.eps)
         return F.linear(out.reshape(t, vd), self.out_weight)
+
+    def _segments(self, q, k, v, g, beta, state: GDNState, conv_in: torch.Tensor,
+                  conv_before: torch.Tensor, ctx) -> torch.Tensor:
+        """The delta rule split at ``ctx.capture`` offsets, snapshotting the state at each."""
+        t = q.shape[0]
+        outs, start = [], 0
+        for end in sorted({*ctx.capture, t}):
+            if end > start:
+                rule = recurrent_gated_delta_rule if end - start == 1 else chunk_gated_delta_rule
+                s = slice(start, end)
+                outs.append(rule(q[s], k[s], v[s], g[s], beta[s], state.recurrent))
+            if end in ctx.capture:
+                if end == t:
+                    snap = [state.conv.clone(), state.recurrent.clone()]
+                else:  # the last K-1 conv inputs before position `end`
+                    window = torch.cat([conv_before, conv_in[:end].t()], dim=1)
+                    snap = [window[:, end : end + conv_before.shape[1]].clone(),
+                            state.recurrent.clone()]
+                ctx.snapshots.setdefault(end, []).extend(snap)
+            start = end
+        return outs[0] if len(outs) == 1 else torch.cat(outs)

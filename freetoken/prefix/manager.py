@@ -198,12 +198,16 @@ class PrefixCache:
                                    self.config.checkpoint_interval))
         return sorted(p for p in positions if p > start)
 
-    def next_boundary(self, key: int, start: int) -> int | None:
-        """The first checkpoint position after ``start`` still ahead of request ``key``, or None."""
+    def boundaries_in(self, key: int, start: int, stop: int) -> tuple[int, ...]:
+        """Checkpoint positions ``p`` of request ``key`` with ``start < p <= stop`` (each is
+        handed out once; positions up to ``start`` are dropped)."""
         seq = self._seqs[key]
         while seq.boundaries and seq.boundaries[0] <= start:
             seq.boundaries.pop(0)
-        return seq.boundaries[0] if seq.boundaries else None
+        out = []
+        while seq.boundaries and seq.boundaries[0] <= stop:
+            out.append(seq.boundaries.pop(0))
+        return tuple(out)
 
     def wants_generation_end(self) -> bool:
         """True when finished requests get a generation-end checkpoint (hybrid models) or their

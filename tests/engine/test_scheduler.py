@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from freetoken.engine.batch import ForwardOutput
 from freetoken.engine.request import EngineRequest, RequestStatus
 from freetoken.engine.scheduler import Scheduler, SchedulerConfig
 
@@ -21,7 +22,8 @@ def _grants(batch) -> list[tuple[int, int, int, bool]]:
 
 def _apply(s: Scheduler, batch, tokens: dict[int, int | None]) -> None:
     for e in batch.entries:
-        s.update(e, tokens.get(e.request_key) if e.sample else None)
+        token = tokens.get(e.request_key) if e.sample else None
+        s.update(e, ForwardOutput(e.request_key, token))
 
 
 def test_long_prompt_is_prefilled_in_budget_sized_chunks_then_decoded() -> None:
@@ -95,7 +97,7 @@ def test_update_for_a_request_that_is_not_running_raises() -> None:
     b = s.schedule()
     s.finish(0)
     with pytest.raises(KeyError, match="request 0 is not running"):
-        s.update(b.entries[0], 5)
+        s.update(b.entries[0], ForwardOutput(0, 5))
     assert s.schedule() is None and not s.has_unfinished()
 
 

@@ -79,9 +79,9 @@ def test_long_input_runs_its_leading_chunks_alone(model, monkeypatch) -> None:
     seen = []
     build = attention.AttnContext.build
 
-    def recording(start, length, rotary, dtype):
+    def recording(start, length, rotary, dtype, capture=()):
         seen.append((start, length))
-        return build(start, length, rotary, dtype)
+        return build(start, length, rotary, dtype, capture)
 
     monkeypatch.setattr(attention.AttnContext, "build", staticmethod(recording))
     monkeypatch.setattr(ft, "prefill_chunk", 4)
@@ -106,9 +106,9 @@ def test_decode_threads_apply_when_every_input_is_one_token(model, monkeypatch) 
     seen = []
     run = ft._forward_batch
 
-    def recording(inputs, states):
+    def recording(inputs, states, capture=None):
         seen.append(torch.get_num_threads())
-        return run(inputs, states)
+        return run(inputs, states, capture)
 
     monkeypatch.setattr(ft, "_forward_batch", recording)
     states = [ft.new_state(), ft.new_state()]
@@ -212,3 +212,37 @@ def test_default_forward_batch_loops_forward() -> None:
     with pytest.raises(ValueError) as err:
         lm.forward_batch([], [])
     assert str(err.value) == "forward_batch needs at least one sequence"
+
+
+def test_capture_snapshots_equal_the_states_of_split_forwards(tiny_checkpoint) -> None:
+    """Snapshots taken inside one forward (anchors) equal the recurrent state after forwards
+    split at those positions, at odd offsets, the chunk end, and across a leading chunk."""
+    path = tiny_checkpoint("qwen3_next")
+    ft = load_model(path)
+    ids = torch.as_tensor(prompt_ids(path, 23))
+    positions = (1, 5, 12, 23)
+    ft.prefill_chunk = 16  # position 23 sits in the second internal chunk
+    whole = ft.new_state()
+    logits, snaps = ft.forward_batch_capture([ids], [whole], [positions])
+    assert sorted(snaps[0]) == list(positions)
+    split = ft.new_state()
+    start = 0
+    for pos in positions:
+        ft(ids[start:pos], split)
+        start = pos
+        want = ft.recurrent_tensors(split)
+        got = snaps[0][pos]
+        assert len(got) == len(want) == len(ft.recurrent_layout().shapes)
+        for g, w in zip(got, want):
+            assert g.shape == w.shape and g.dtype == w.dtype
+            assert torch.allclose(g.float(), w.float(), atol=1e-5, rtol=1e-5)
+            assert g.data_ptr() != w.data_ptr()  # copies, not the live state
+    for g, w in zip(ft.recurrent_tensors(whole), ft.recurrent_tensors(split)):
+        assert torch.allclose(g.float(), w.float(), atol=1e-5, rtol=1e-5)
+    assert logits.shape == (1, ft.config.vocab_size)
+
+
+def test_capture_needs_one_tuple_per_sequence(tiny_checkpoint) -> None:
+    ft = load_model(tiny_checkpoint("qwen3_next"))
+    with pytest.raises(ValueError, match="one capture tuple per sequence"):
+        ft.forward_batch_capture([torch.tensor([1, 2])], [ft.new_state()], [])

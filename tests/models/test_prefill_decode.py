@@ -52,8 +52,8 @@ def test_long_prefill_never_builds_a_full_mask(model, monkeypatch) -> None:
     seen = []
     build = attention.AttnContext.build
 
-    def recording(start, length, rotary, dtype):
-        ctx = build(start, length, rotary, dtype)
+    def recording(start, length, rotary, dtype, capture=()):
+        ctx = build(start, length, rotary, dtype, capture)
         seen.append((start, length, None if ctx.mask is None else tuple(ctx.mask.shape)))
         return ctx
 
