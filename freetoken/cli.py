@@ -67,19 +67,24 @@ def _add_cache_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--page-size", type=_int_at_least(1, 4096), default=DEFAULT_PAGE_SIZE,
                    metavar="TOKENS", help=f"tokens per KV page (default {DEFAULT_PAGE_SIZE})")
     g.add_argument("--kv-cache-bytes", type=_size, default=None, metavar="SIZE",
-                   help="KV page pool size (e.g. 8GiB; default: max-running-requests full-length "
-                        "sequences within a quarter of device memory, at least one sequence)")
+                   help="KV page pool size, taken as given (e.g. 8GiB; requests longer than the "
+                        "pool are refused; default: max-running-requests full-length sequences "
+                        "within a quarter of device memory, at least one sequence)")
+    g.add_argument("--max-num-batched-tokens", type=_int_at_least(1), default=2048,
+                   metavar="TOKENS", help="token budget of one engine step: the longest prefill "
+                                          "chunk (default 2048)")
     g.add_argument("--state-checkpoint-slots", type=_int_at_least(0),
                    default=DEFAULT_CHECKPOINT_SLOTS, metavar="N",
                    help="device-tier recurrent-state checkpoint slots "
                         f"(default {DEFAULT_CHECKPOINT_SLOTS})")
-    g.add_argument("--state-checkpoint-bytes", type=_size, default=None, metavar="SIZE",
-                   help="host-tier byte budget for recurrent-state checkpoints (default 4GiB)")
+    g.add_argument("--state-checkpoint-bytes", type=_size_or_zero, default=None, metavar="SIZE",
+                   help="host-tier byte budget for recurrent-state checkpoints (default 4GiB; "
+                        "0 keeps only the device slots)")
     g.add_argument("--anchors", type=_anchor_policy, default=None, metavar="KINDS",
                    help="block kinds that get checkpoints: comma list of turn_start, "
                         "thinking_start, tool_call_start, tool_output_start, generation_start, "
                         "generation_end, or all / none (default turn_start,generation_start,"
-                        "generation_end)")
+                        "generation_end; on hybrid models `none` means no reuse at all)")
     g.add_argument("--no-prefix-reuse", action="store_true",
                    help="compute every request from its first token (no radix-tree reuse)")
 
@@ -147,6 +152,15 @@ def _size(text: str) -> int:
         return parse_bytes(text, require_unit=True)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _size_or_zero(text: str) -> int:
+    """:func:`_size` that also takes zero (``0``, ``0B``, ``0GiB``: the tier is off)."""
+    import re
+
+    if re.fullmatch(r"\s*0+(\.0*)?\s*([KMGT]i?B|B)?\s*", text, flags=re.IGNORECASE):
+        return 0
+    return _size(text)
 
 
 def _add_ctl(sub: argparse._SubParsersAction) -> None:

@@ -209,7 +209,7 @@ def serve(args: argparse.Namespace) -> int:
         engine = AsyncEngine.from_pretrained(
             path, dtype=dtype, device=args.device, max_model_len=args.max_model_len,
             progress=_say, moe=moe, bandwidths=bandwidths, record_routing=args.record_routing,
-            cache=cache_settings(args))
+            cache=cache_settings(args), max_num_batched_tokens=args.max_num_batched_tokens)
     except (FileNotFoundError, ValueError) as exc:
         sock.close()
         _say(f"error: cannot load {path}: {exc}")

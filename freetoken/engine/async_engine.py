@@ -40,6 +40,23 @@ logger = logging.getLogger("freetoken.engine")
 _STOP = ("stop",)
 
 
+def describe_prefix_cache(prefix, cache, max_model_len: int) -> str:
+    """One start-up line: KV pool size, batching limit and checkpoint capacity."""
+    pool = prefix.pool
+    kv_bytes = pool.num_slots * pool.layout.bytes_per_token()
+    line = (f"KV cache: {pool.num_pages} pages x {pool.page_size} tokens = {pool.num_slots} tokens "
+            f"({kv_bytes / 2**20:.1f} MiB), up to {cache.max_running_requests} running requests, "
+            f"prefix reuse {'on' if cache.prefix_reuse else 'off'}")
+    if prefix.store is not None:
+        per = prefix.store.layout.bytes_per_checkpoint()
+        line += (f"; recurrent-state checkpoints ({per / 2**20:.2f} MiB each): "
+                 f"{cache.checkpoint_slots} device slots + {cache.checkpoint_host_bytes / 2**20:.0f} "
+                 f"MiB host tier, anchors {cache.anchors}")
+    if pool.num_slots < max_model_len:
+        line += f"; requests longer than {pool.num_slots - 1} tokens will be refused"
+    return line
+
+
 class AsyncEngine(EngineClient):
     """:class:`EngineClient` over an :class:`Engine` running in a daemon thread.
 
@@ -156,8 +173,12 @@ class AsyncEngine(EngineClient):
             vocab_size=config.vocab_size,
             eos_token_ids=eos,
         )
-        return cls(model, tokenizer, info, max_num_batched_tokens=max_num_batched_tokens,
-                   device=device, moe=runtime, routing_recorder=recorder, cache=cache)
+        engine = cls(model, tokenizer, info, max_num_batched_tokens=max_num_batched_tokens,
+                     device=device, moe=runtime, routing_recorder=recorder, cache=cache)
+        prefix = engine._engine.prefix
+        if prefix is not None:
+            say(describe_prefix_cache(prefix, engine._engine.cache_config, info.max_model_len))
+        return engine
 
     def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationOutput]:
         """Validate ``request`` now, then stream its chunks when iterated (see EngineClient).

@@ -34,6 +34,7 @@ from freetoken.prefix.build import CacheConfig, build_prefix_cache
 from freetoken.tokenizer.tokenizer import Tokenizer
 
 logger = logging.getLogger("freetoken.engine")
+PREFIX_STATS_INTERVAL_S = 0.5
 
 
 def _device_of(model: CausalLM):
@@ -85,6 +86,8 @@ class Engine:
         self._detokenizers = DetokenizerFactory(tokenizer)
         self._processors: dict[int, RequestOutputProcessor] = {}
         self._book = CounterBook()
+        self._stats_at = 0.0
+        self._refresh_prefix_stats(force=True)
 
     def add_request(
         self,
@@ -113,7 +116,9 @@ class Engine:
 
     def abort_request(self, key: int) -> bool:
         """Stop a waiting or running request (final chunk ``abort``); False if unknown."""
-        return self._finish(key, "abort")
+        found = self._finish(key, "abort")
+        self._refresh_prefix_stats(force=not self.scheduler.has_unfinished())
+        return found
 
     def abort_all(self, reason: FinishReason = "abort", error: str | None = None) -> None:
         """End every queued and running request with ``reason``."""
@@ -148,15 +153,23 @@ class Engine:
                 if req is not None and req.num_admissions == 1:
                     self._book.on_admitted(req.num_cached_tokens)
         outputs = self.runner.execute(batch)
-        if self.prefix is not None:
-            self._book.prefix = self.prefix.stats()
         for work, output in zip(batch.entries, outputs):
             try:
                 self._update(work, output)
             except Exception as exc:  # noqa: BLE001 - a bug in output handling ends only this request
                 logger.exception("output processing failed for request key %d", work.request_key)
                 self._finish(work.request_key, "error", f"{type(exc).__name__}: {exc}")
+        self._refresh_prefix_stats(force=not self.scheduler.has_unfinished())
         return True
+
+    def _refresh_prefix_stats(self, force: bool = False) -> None:
+        """Copy the prefix cache's stats for ``/metrics`` (an O(nodes) walk: at most every
+        ``PREFIX_STATS_INTERVAL_S`` while busy, and whenever the engine goes idle)."""
+        now = time.monotonic()
+        if self.prefix is None or (not force and now - self._stats_at < PREFIX_STATS_INTERVAL_S):
+            return
+        self._book.prefix = self.prefix.stats()
+        self._stats_at = now
 
     def _update(self, work: SeqWork, output: ForwardOutput) -> None:
         if output.error is not None:

@@ -6,7 +6,8 @@ budget (``max_num_batched_tokens``), vLLM v1 / SGLang style with unified token a
 1. commit steps of requests that just finished (their last sampled token is fed once so the
    generation-end checkpoint and KV exist for the next turn);
 2. one decode token for every running request whose prompt is done;
-3. the next prefill chunk of running requests still prefilling (FCFS); the anchor positions
+3. the next prefill chunk of running requests still prefilling (FCFS), leaving up to
+   ``ADMISSION_RESERVE`` tokens (a quarter of the budget at most) for waiting requests; the anchor positions
    inside a chunk are listed in its ``capture`` so the model snapshots the recurrent state
    exactly there without splitting the chunk;
 4. admission of waiting requests while fewer than ``max_running_requests`` run and budget
@@ -28,6 +29,10 @@ from freetoken.engine.batch import ForwardOutput, ScheduledBatch, SeqWork
 from freetoken.engine.request import EngineRequest, RequestStatus
 from freetoken.prefix.kv_pool import OutOfPages
 from freetoken.prefix.manager import PrefixCache, StateTensors
+
+
+ADMISSION_RESERVE = 512
+"""Most tokens of a step's budget kept from running prefills while requests wait for admission."""
 
 
 @dataclass(frozen=True)
@@ -123,10 +128,26 @@ class Scheduler:
             if work is not None:
                 entries.append(work)
                 budget -= 1
-        for req in list(self.running):
+        decoding = [r for r in self.running if r.num_tokens - r.num_computed_tokens == 1]
+        prefilling = [r for r in self.running if r.num_tokens - r.num_computed_tokens > 1]
+        for req in decoding:
             if budget <= 0:
                 break
-            work = self._work(req, budget)
+            if req not in self.running:  # preempted by an earlier entry's page allocation
+                continue
+            work = self._work(req, 1)
+            if work is not None:
+                entries.append(work)
+                budget -= 1
+        # a long prefill leaves room for newcomers, so a short request is not stuck behind it
+        can_admit = bool(self.waiting) and len(self.running) < self.config.max_running_requests
+        reserve = min(budget // 4, ADMISSION_RESERVE) if can_admit else 0
+        for req in prefilling:
+            if budget - reserve <= 0:
+                break
+            if req not in self.running:
+                continue
+            work = self._work(req, budget - reserve)
             if work is not None:
                 entries.append(work)
                 budget -= len(work.token_ids)

@@ -40,9 +40,9 @@ class CacheConfig:
 
     Attributes:
         page_size: tokens per KV page.
-        kv_cache_bytes: byte cap of the KV page pool; None: room for ``max_running_requests``
-            full-length sequences within :func:`default_kv_budget` (the pool always holds at
-            least one full-length sequence).
+        kv_cache_bytes: size of the KV page pool (taken as given: requests longer than it are
+            refused); None: room for ``max_running_requests`` full-length sequences within
+            :func:`default_kv_budget`, and at least one full-length sequence.
         checkpoint_slots: device-tier recurrent-state checkpoint slots.
         checkpoint_host_bytes: host-tier checkpoint byte budget.
         anchors: block kinds that get recurrent-state checkpoints.
@@ -100,7 +100,8 @@ def build_prefix_cache(model, tokenizer, max_model_len: int, config: CacheConfig
     if budget is None:
         budget = default_kv_budget(device)
     pages = default_num_pages(kv_layout, config.page_size, max_model_len,
-                              config.max_running_requests, budget)
+                              config.max_running_requests, budget,
+                              explicit=config.kv_cache_bytes is not None)
     markers = AnchorMarkers.from_tokenizer(tokenizer) if tokenizer is not None else None
     prefix_config = PrefixConfig(
         num_pages=pages, page_size=config.page_size, checkpoint_slots=config.checkpoint_slots,

@@ -301,13 +301,16 @@ class PrefixCache:
         return len(self._seqs)
 
     def stats(self) -> dict[str, int]:
-        """Gauges and counters: pages, tree tokens/nodes, checkpoints (see ``CheckpointStore``)."""
+        """Gauges and counters: pages (total, free, held only by unlocked radix nodes), tree
+        tokens/nodes, requests holding pages, checkpoints (see ``CheckpointStore.stats``).
+        Walks the tree: O(nodes)."""
         out = {
             "kv_pages_total": self.pool.num_pages,
             "kv_pages_free": self.pool.num_free_pages,
+            "kv_pages_evictable": self.tree.evictable_pages_hint(),
             "radix_tokens": self.tree.num_tokens,
             "radix_nodes": self.tree.num_nodes,
-            "prefix_requests": len(self._seqs),
+            "requests": len(self._seqs),
         }
         if self.store is not None:
             out.update({f"checkpoint_{k}": int(v) for k, v in self.store.stats().items()})
@@ -315,9 +318,10 @@ class PrefixCache:
 
 
 def default_num_pages(kv_layout: KVLayout, page_size: int, max_model_len: int,
-                      max_running: int, budget_bytes: int | None) -> int:
+                      max_running: int, budget_bytes: int | None, explicit: bool = False) -> int:
     """KV pages for the pool: room for ``max_running`` full-length sequences, capped by
-    ``budget_bytes`` but never below one full-length sequence plus one page.
+    ``budget_bytes``; a default budget never goes below one full-length sequence plus one page,
+    an ``explicit`` one is taken as given (at least two pages; longer requests are then refused).
 
     Args:
         kv_layout: attention KV shape.
@@ -325,8 +329,11 @@ def default_num_pages(kv_layout: KVLayout, page_size: int, max_model_len: int,
         max_model_len: longest sequence (tokens).
         max_running: concurrent requests.
         budget_bytes: byte cap (None: no cap).
+        explicit: ``budget_bytes`` came from the user (``--kv-cache-bytes``).
     """
     per_page = kv_layout.bytes_per_token() * page_size
+    if explicit and budget_bytes is not None and per_page > 0:
+        return max(2, budget_bytes // per_page)
     want = pages_for_tokens(max_model_len, page_size) * max_running
     floor = pages_for_tokens(max_model_len, page_size) + 1
     if budget_bytes is not None and per_page > 0:

@@ -108,3 +108,20 @@ def test_config_rejects_bad_limits() -> None:
         SchedulerConfig(max_model_len=1)
     with pytest.raises(ValueError, match="max_running_requests must be >= 1, got 0"):
         SchedulerConfig(max_model_len=10, max_running_requests=0)
+
+
+def test_decodes_go_first_and_a_long_prefill_leaves_room_for_a_newcomer() -> None:
+    s = Scheduler(SchedulerConfig(max_model_len=100_000, max_num_batched_tokens=2048))
+    s.add(_req(1, 60_000))
+    s.add(_req(0, 3))  # queued behind the long one
+    b = s.schedule()
+    assert _grants(b) == [(1, 0, 2048, False)]
+    _apply(s, b, {})
+    b = s.schedule()  # the short one is admitted beside the long prefill
+    assert _grants(b) == [(1, 2048, 1536, False), (0, 0, 3, True)]
+    _apply(s, b, {0: 7})
+    s.add(_req(2, 14))
+    b = s.schedule()
+    # request 0's decode first, then the long prefill less the admission reserve (a quarter of
+    # the 2047 tokens left: 511), then the newcomer
+    assert _grants(b) == [(0, 3, 1, True), (1, 3584, 1536, False), (2, 0, 14, True)]

@@ -57,7 +57,13 @@ def test_from_pretrained_reports_progress_and_info(engine: AsyncEngine, checkpoi
         f"loading qwen3_next weights ({cfg.num_hidden_layers} layers, "
         f"{cfg.num_experts} experts per MoE layer)",
     ]
-    assert LOAD_MESSAGES[2].startswith("weights loaded in ") and len(LOAD_MESSAGES) == 3
+    assert LOAD_MESSAGES[2].startswith("weights loaded in ") and len(LOAD_MESSAGES) == 4
+    # 8 running requests x 64 tokens = 32 pages of 16
+    assert LOAD_MESSAGES[3].startswith("KV cache: 32 pages x 16 tokens = 512 tokens (")
+    assert ("up to 8 running requests, prefix reuse on; recurrent-state checkpoints ("
+            in LOAD_MESSAGES[3])
+    assert LOAD_MESSAGES[3].endswith(
+        "8 device slots + 4096 MiB host tier, anchors turn_start,generation_start,generation_end")
     info = engine.info
     assert (info.model_type, info.vocab_size, info.max_model_len) == ("qwen3_next", 8256, 64)
     assert info.eos_token_ids == (8194, 8192)

@@ -150,3 +150,31 @@ def test_concurrent_streams_through_the_async_engine_match_running_alone() -> No
         engine.shutdown()
     for key, prompt in enumerate(prompts):
         assert together[key] == ids(serve(make_engine("qwen3_next"), prompt, key=0, max_tokens=10))
+
+
+def test_a_full_pool_preempts_and_every_request_still_matches_running_alone() -> None:
+    """A KV pool of 24 pages for three 100-token prompts growing by 60 tokens each: decode steps
+    run out of pages, the youngest request is preempted (its work stays in the tree) and later
+    re-admitted; the engine keeps serving and every output equals the request run alone."""
+    from tests.prefix.engine_helpers import tiny
+
+    model = tiny("qwen3_next")[1]
+    page_bytes = model.kv_layout().bytes_per_token() * 16
+    engine = make_engine("qwen3_next", budget=256, kv_cache_bytes=24 * page_bytes)
+    assert engine.prefix.pool.num_pages == 24
+    base = render("qwen3_next", agent_turns(1))[1]
+    prompts = [base[:100 - k] + (500 + k,) for k in range(3)]
+    outs: dict[int, list] = {k: [] for k in range(3)}
+    for k, prompt in enumerate(prompts):
+        engine.add_request(k, _request(k, prompt, 60), outs[k].append)
+    preempted = 0
+    while engine.step():
+        preempted = max(preempted, max((r.num_admissions for r in engine.scheduler.running),
+                                       default=0))
+    assert preempted >= 2  # someone was admitted a second time
+    for k, prompt in enumerate(prompts):
+        assert outs[k][-1].finish_reason == "length"
+        assert ids(outs[k]) == ids(serve(make_engine("qwen3_next"), prompt, key=0, max_tokens=60))
+    assert engine.prefix.num_requests == 0 and engine.runner.num_live_states == 0
+    engine.prefix.tree.reset()
+    assert engine.prefix.pool.num_free_pages == 24
