@@ -335,6 +335,9 @@ class Scheduler:
                 and req.output_ids and req.num_computed_tokens == req.num_tokens - 1):
             self.committing.append(req)
             return req
-        tensors = self._state_tensors(key) if keep_state else None
-        prefix.release(key, ids, req.num_computed_tokens, tensors)
+        # a tail checkpoint of the live state: after an abort (the client may retry), or at a
+        # normal finish only when the anchor policy asks for generation-end checkpoints
+        tail = keep_state and (reason not in ("stop", "length") or prefix.wants_generation_end())
+        prefix.release(key, ids, req.num_computed_tokens,
+                       self._state_tensors(key) if tail else None)
         return req
