@@ -78,7 +78,7 @@ def _add_cache_options(p: argparse.ArgumentParser) -> None:
                    help="device-tier recurrent-state checkpoint slots "
                         f"(default {DEFAULT_CHECKPOINT_SLOTS})")
     g.add_argument("--state-checkpoint-bytes", type=_size_or_zero, default=None, metavar="SIZE",
-                   help="host-tier byte budget for recurrent-state checkpoints (default 4GiB; "
+                   help="host-tier byte budget for recurrent-state checkpoints (default 16GiB, used as needed; "
                         "0 keeps only the device slots)")
     g.add_argument("--anchors", type=_anchor_policy, default=None, metavar="KINDS",
                    help="block kinds that get checkpoints: comma list of turn_start, "

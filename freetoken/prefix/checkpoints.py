@@ -116,7 +116,7 @@ class CheckpointStore:
     """
 
     def __init__(self, layout: RecurrentLayout, device_slots: int, host_bytes: int, device=None,
-                 keep_deepest: int = 2, clock: Callable[[], float] = time.monotonic) -> None:
+                 keep_deepest: int = 4, clock: Callable[[], float] = time.monotonic) -> None:
         for name, value in (("device_slots", device_slots), ("host_bytes", host_bytes),
                             ("keep_deepest", keep_deepest)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:

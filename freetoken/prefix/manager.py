@@ -34,7 +34,7 @@ from freetoken.prefix.radix import RadixNode, RadixTree
 GiB = 1 << 30
 DEFAULT_PAGE_SIZE = 16
 DEFAULT_CHECKPOINT_SLOTS = 8
-DEFAULT_CHECKPOINT_HOST_BYTES = 4 * GiB
+DEFAULT_CHECKPOINT_HOST_BYTES = 16 * GiB
 
 
 @dataclass(frozen=True)

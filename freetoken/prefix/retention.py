@@ -3,13 +3,17 @@
 A global LRU pool loses on interleaved agent threads (checkpoint-policy-sim.md finding 2): the
 checkpoints a returning thread needs are the deepest ones on its path, and plain LRU evicts them
 while another thread fills the pool. Here a checkpoint is *redundant* (class 0) when every
-root-to-leaf path through its radix node already has ``keep_deepest`` checkpoints deeper than it:
-a future request on any of those paths resumes from a deeper one. Redundant checkpoints go first,
-oldest first; then the rest (the deepest of some path), oldest first. Checkpoints on locked nodes
-(a running request's path) go only when nothing else is left. Paper §3.1.
+root-to-leaf path through its radix node already has ``keep_deepest`` checkpoints deeper than it
+and its node is not a branch point (two or more children: conversations diverged there, e.g.
+sub-agents sharing a system prompt): a future request on any of those paths resumes from a deeper
+one. Redundant checkpoints go first, then the rest; within a class the checkpoint with the
+smallest *gain* goes first (tokens it saves over the next shallower checkpoint on its path, so
+the survivors stay spread along the path and a lost one costs little), then the oldest.
+Checkpoints on locked nodes (a running request's path) go only when nothing else is left.
+Paper §3.1; tuned on ``evals/bench_prefix.py`` (interleaved Claude Code sessions).
 
 Only these node attributes are read: ``children`` (dict of child nodes), ``checkpoint``
-(id or None), ``lock_ref`` (int).
+(id or None), ``lock_ref`` (int), ``parent`` and ``depth`` (the gain).
 """
 
 from __future__ import annotations
@@ -50,12 +54,13 @@ def deeper_checkpoint_counts(roots: Sequence[Any]) -> dict[int, int]:
 
 
 def is_redundant(node: Any, keep_deepest: int, counts: dict[int, int] | None = None) -> bool:
-    """Class 0 test: every path from ``node`` down to a leaf has >= ``keep_deepest`` checkpoints
-    deeper than ``node``.
+    """The depth part of the class 0 test: every path from ``node`` down to a leaf has
+    >= ``keep_deepest`` checkpoints deeper than ``node`` (:func:`pick_victim` also exempts
+    branch points, nodes with two or more children).
 
     Args:
         node: a radix node.
-        keep_deepest: checkpoints kept per path (0 makes every checkpoint redundant: plain LRU).
+        keep_deepest: checkpoints kept per path (0: every node passes).
         counts: precomputed :func:`deeper_checkpoint_counts` covering ``node`` (computed if None).
     """
     if counts is None or id(node) not in counts:
@@ -67,7 +72,8 @@ def pick_victim(candidates: Sequence[tuple[Hashable, Any, float]], keep_deepest:
     """The checkpoint to drop (or spill) first.
 
     Order: unlocked before locked (``lock_ref > 0``), then class 0 (redundant, see module
-    docstring) before class 1, then oldest ``last_use`` first, then the candidate listed first.
+    docstring) before class 1, then the smallest gain, then oldest ``last_use`` first, then the
+    candidate listed first.
 
     Args:
         candidates: ``(cid, node, last_use)`` triples; ``last_use`` in the store's clock units
@@ -89,7 +95,18 @@ def pick_victim(candidates: Sequence[tuple[Hashable, Any, float]], keep_deepest:
     def key(item: tuple[int, tuple[Hashable, Any, float]]) -> tuple:
         index, (_, node, last_use) = item
         locked = node.lock_ref > 0
-        value_class = 0 if counts[id(node)] >= keep_deepest else 1
-        return (locked, value_class, last_use, index)
+        branch = len(node.children) > 1
+        value_class = 0 if counts[id(node)] >= keep_deepest and not branch else 1
+        gain = _gain(node)
+        return (locked, value_class, gain, last_use, index)
 
     return min(enumerate(candidates), key=key)[1][0]
+
+
+def _gain(node: Any) -> int:
+    """Tokens a checkpoint saves over the next shallower one on its path (its depth when none)."""
+    depth = getattr(node, "depth", 0)
+    up = getattr(node, "parent", None)
+    while up is not None and up.checkpoint is None:
+        up = up.parent
+    return depth - (getattr(up, "depth", 0) if up is not None else 0)

@@ -63,7 +63,7 @@ def test_from_pretrained_reports_progress_and_info(engine: AsyncEngine, checkpoi
     assert ("up to 8 running requests, prefix reuse on; recurrent-state checkpoints ("
             in LOAD_MESSAGES[3])
     assert LOAD_MESSAGES[3].endswith(
-        "8 device slots + 4096 MiB host tier, anchors turn_start,generation_start,generation_end")
+        "8 device slots + 16384 MiB host tier, anchors turn_start,generation_start,generation_end")
     info = engine.info
     assert (info.model_type, info.vocab_size, info.max_model_len) == ("qwen3_next", 8256, 64)
     assert info.eos_token_ids == (8194, 8192)

@@ -103,8 +103,9 @@ def test_default_capacity_is_the_host_budget_in_qwen3_next_80b_checkpoints() -> 
     per_layer = 2 * 1024 * 1024 + 8192 * 3 * 2  # [32,128,128] fp32 + [8192,3] bf16
     assert qwen3_next_80b_layout().bytes_per_checkpoint() == 36 * per_layer == 77_266_944
     default = capacities()[-1]
-    assert (default.device_slots, default.host_checkpoints) == (8, (4 << 30) // 77_266_944)
-    assert default.host_checkpoints == 55
+    assert (default.device_slots, default.host_checkpoints) == (8, (16 << 30) // 77_266_944)
+    # 16 GiB = 17,179,869,184 B; 222 checkpoints = 17,153,261,568 B, 26,607,616 B short of a 223rd
+    assert default.host_checkpoints == 222
 
 
 # ------------------------------------------------------------------ replay through the engine

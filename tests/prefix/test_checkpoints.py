@@ -122,17 +122,20 @@ def test_save_copies_and_load_is_bit_exact_from_both_tiers(device):
 def test_full_store_drops_lowest_value_and_clears_its_node():
     store = make(device_slots=2, host_checkpoints=1)
     root = Node()
-    x, y, z, w = (child(root, d) for d in (10, 20, 30, 40))  # four separate paths: LRU order
+    # Four separate paths, no checkpoint below any: all class 1, gain = depth (nothing above).
+    x, y, z, w = (child(root, d) for d in (10, 20, 30, 40))
     cids = [store.save(state(i), n) for i, n in enumerate((x, y, z))]
+    # Saving z spilled the device checkpoint with the smaller gain: x (10 < 20).
     assert [store.tier_of(c) for c in cids] == ["host", "device", "device"]
-    store.load(cids[1], zeros())  # y used again: z is now the oldest device checkpoint
+    store.load(cids[1], zeros())  # y used again: z is now the oldest device checkpoint...
     cw = store.save(state(3), w)
-    # Device victim z vs host x: x is older, so x is dropped and z spilled.
+    # ...but y saves fewer tokens (20 < 30), so y is the device victim; against host x (gain 10), x
+    # is worth less: x is dropped and y spilled.
     assert x.checkpoint is None and cids[0] not in store
-    assert (store.tier_of(cids[1]), store.tier_of(cids[2]), store.tier_of(cw)) == ("device", "host", "device")
+    assert (store.tier_of(cids[1]), store.tier_of(cids[2]), store.tier_of(cw)) == ("host", "device", "device")
     into = zeros()
-    store.load(cids[2], into)
-    assert_bit_equal(into, state(2))
+    store.load(cids[1], into)
+    assert_bit_equal(into, state(1))
     assert store.stats() == {"device_count": 2, "host_count": 1, "device_bytes_used": 2 * BPC,
                              "host_bytes_used": BPC, "capacity": 3, "saves": 4, "loads": 2,
                              "spills": 2, "drops": 1, "evictions": 1}
@@ -144,17 +147,20 @@ def test_full_store_drops_lowest_value_and_clears_its_node():
 def test_device_victim_worth_less_than_every_host_checkpoint_is_dropped_not_spilled():
     store = make(device_slots=1, host_checkpoints=1)
     root = Node()
-    old = child(root, 5)
+    old = child(root, 50)
     c_old = store.save(state(0), old)           # device
     a1, a2 = chain(root, 10, 20)
     c1 = store.save(state(1), a1)               # old spills to host
-    store.load(c_old, zeros())                  # old is now the most recently used
     c2 = store.save(state(2), a2)               # device victim a1; host full
-    # a1 is not redundant with keep_deepest=2 (only a2 below), so LRU decides: a1 (used at t=1) is
-    # older than `old` (loaded at t=2): a1 is dropped without a spill.
+    # a1 is not redundant with keep_deepest=2 (only a2 below), like `old`: both class 1. a1 saves 10
+    # tokens, `old` 50: a1, although newer, is worth less than the only host checkpoint and is
+    # dropped without a spill.
     assert c1 not in store and a1.checkpoint is None
     assert (store.tier_of(c_old), store.tier_of(c2)) == ("host", "device")
     assert store.stats()["spills"] == 1 and store.stats()["evictions"] == 1
+    into = zeros()
+    store.load(c_old, into)
+    assert_bit_equal(into, state(0))
     store.check_invariants()
 
 
@@ -169,13 +175,21 @@ def test_two_threads_keep_their_deepest_checkpoints_across_tiers():
     a = chain(system, 150, 250, 350, 450, 550)
     cb = [store.save(state(10 + i), n) for i, n in enumerate((b1, b2))]
     ca = [store.save(state(i), n) for i, n in enumerate(a)]
+    # Class 0 = 2+ checkpoints below; gain = depth - depth of the next checkpointed ancestor
+    # (system and root hold none); the clock ticks once per save, so last use = id.
+    # save a1: device b1 (class 1, gain 200), b2 (1, 100), a0 (1 below: class 1, 150) -> b2 spilled.
+    # save a2: device b1, a0 (class 0), a1 (1 below) -> a0 spilled (host: b2, a0).
+    # save a3: device b1, a1 (class 0, 100), a2 -> a1; host full: b2 (class 1), a0 (0, 150) and a1
+    #   (0, 100) -> a1 itself is dropped, not spilled.
+    # save a4: device b1, a2 (class 0, 350 - 150 = 200), a3 (1 below) -> a2; host full: b2 (class 1),
+    #   a0 (0, 150), a2 (0, 200) -> a0 dropped, a2 spilled.
     assert [n.checkpoint for n in (b1, b2)] == cb == [0, 1]
     assert [n.checkpoint for n in a] == [None, None, 4, 5, 6]
     assert {c: store.tier_of(c) for c in store.ids()} == {
-        0: "host", 1: "device", 4: "host", 5: "device", 6: "device"}
+        0: "device", 1: "host", 4: "host", 5: "device", 6: "device"}
     assert store.stats() == {"device_count": 3, "host_count": 2, "device_bytes_used": 3 * BPC,
                              "host_bytes_used": 2 * BPC, "capacity": 5, "saves": 7, "loads": 0,
-                             "spills": 4, "drops": 2, "evictions": 2}
+                             "spills": 3, "drops": 2, "evictions": 2}
     into = zeros()
     for i, c in enumerate(cb):  # thread B comes back: both its checkpoints load exactly
         store.load(c, into)
@@ -194,7 +208,7 @@ def test_locked_checkpoints_go_last():
     store.save(state(2), new)
     assert c_locked in store and c_free not in store and free.checkpoint is None
     new.lock_ref = 1
-    store.save(state(3), child(root, 40))  # only locked ones left: the oldest of them goes
+    store.save(state(3), child(root, 40))  # only locked ones left: smaller gain (10 < 30) goes
     assert c_locked not in store and locked.checkpoint is None
     assert store.stats()["evictions"] == 2
     store.check_invariants()
