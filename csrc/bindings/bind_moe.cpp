@@ -71,12 +71,12 @@ class MoeHandle {
   ~MoeHandle() {
     // The kernel may still read the kept tensors: finish before they can be freed.
     py::gil_scoped_release release;
-    if (ticket_.done.valid()) ticket_.done.wait();
+    if (ticket_.done.valid()) runner().wait(ticket_);
   }
   py::object wait() {
     {
       py::gil_scoped_release release;
-      ticket_.done.wait();
+      runner().wait(ticket_);  // runs the job here when it is next and the pool is idle
     }
     ticket_.done.get();  // rethrows a kernel error
     return out_;
@@ -142,10 +142,9 @@ std::unique_ptr<MoeHandle> submit_checked(const py::handle& x, const py::handle&
     throw py::value_error(e.what());
   }
   p.isa = resolve_isa(isa);
-  py::object torch = py::module_::import("torch");
-  py::object out = torch.attr("empty")(py::make_tuple(p.num_tokens, h),
-                                       py::arg("dtype") = torch.attr("float32"));
-  p.out = reinterpret_cast<float*>(out.attr("data_ptr")().cast<uintptr_t>());
+  const TorchRefs& torch = torch_refs();
+  py::object out = torch.empty(p.num_tokens, h, py::arg("dtype") = torch.float32);
+  p.out = reinterpret_cast<float*>(call_method(out, torch.data_ptr).cast<uintptr_t>());
   std::vector<py::object> keep{xa.obj};
   keep.insert(keep.end(), gu.keep.begin(), gu.keep.end());
   keep.insert(keep.end(), dn.keep.begin(), dn.keep.end());

@@ -40,6 +40,32 @@ std::vector<Isa> supported_isas() {
 
 Isa best_isa() { return supported_isas().back(); }
 
+VecLayout vec_layout_for(Isa isa, WeightFormat format) {
+  // Mirrors rows_dot_for: the avx512_bf16 variant runs the AVX2 code for non-bf16 formats.
+  if (isa == Isa::kScalar || format == WeightFormat::kFp32) return VecLayout::kNatural;
+  if (format == WeightFormat::kBf16) {
+    return isa == Isa::kAvx512Bf16 ? VecLayout::kNatural : VecLayout::kEvenOdd16;
+  }
+  return VecLayout::kNibble16;  // mxfp4, q4g on avx2 / avx512_bf16
+}
+
+void pack_vector(VecLayout layout, const float* src, float* dst, int64_t k) {
+  int64_t c = 0;
+  if (layout != VecLayout::kNatural) {
+    for (; c + 16 <= k; c += 16) {
+      for (int p = 0; p < 16; ++p) {
+        // kEvenOdd16: position p holds column 2p (p < 8) or 2(p - 8) + 1.
+        // kNibble16: position p = 8a + 4b + d holds column 4d + b + 2a.
+        const int col = layout == VecLayout::kEvenOdd16
+                            ? (p < 8 ? 2 * p : 2 * (p - 8) + 1)
+                            : 4 * (p % 4) + (p / 4) % 2 + 2 * (p / 8);
+        dst[c + p] = src[c + col];
+      }
+    }
+  }
+  for (; c < k; ++c) dst[c] = src[c];
+}
+
 RowsDotFn rows_dot_for(Isa isa, WeightFormat format) {
   const bool q4 = format == WeightFormat::kMxfp4 || format == WeightFormat::kQ4g;
   if (isa == Isa::kScalar) {

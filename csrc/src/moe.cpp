@@ -6,6 +6,9 @@
 // splits the H axis: a task reads down rows [h0, h1) of every routed expert and accumulates
 // w * y into out[t, h0:h1], which only it writes, so no atomics are needed and the summation order
 // (experts ascending, then triple order) does not depend on the thread count.
+// The vectors each ISA variant reads are packed into its VecLayout once per call: x before
+// phase 1, and act by the phase-1 task that computes it (I-chunks start at multiples of 16, so a
+// chunk packs on its own), so no variant permutes a vector per weight row.
 #include "freetoken/moe.h"
 
 #include <algorithm>
@@ -20,17 +23,20 @@ namespace freetoken {
 
 namespace {
 
+constexpr int64_t kTasksPerThread = 4;
+
 struct Group {
   int64_t expert;
   int64_t begin;  // range in the expert-sorted triple order
   int64_t end;
 };
 
-// Rows per task: enough tasks to balance the pool, few enough to amortize the per-task overhead.
+// Rows per task: enough tasks to balance the pool (and to let a thread that the OS delays hand
+// its share to the others), few enough to amortize the per-task overhead; a multiple of 16 rows.
 int64_t chunk_rows(int64_t rows, int threads) {
-  const int64_t target_tasks = 4 * static_cast<int64_t>(threads);
+  const int64_t target_tasks = kTasksPerThread * static_cast<int64_t>(threads);
   int64_t chunk = (rows + target_tasks - 1) / target_tasks;
-  chunk = std::max<int64_t>(16, (chunk + 3) / 4 * 4);
+  chunk = std::max<int64_t>(16, (chunk + 15) / 16 * 16);
   return std::min(chunk, rows);
 }
 
@@ -67,6 +73,32 @@ RowsDotArgs expert_rows(const WeightBank& b, int64_t n, int64_t R, int64_t C, in
     }
   }
   return a;
+}
+
+// Prefetches the first rows (one row block of the ISA tiles, at most 4) of rows [r0, r1) of
+// expert n of bank b, scales and zero points included, so that the rows_dot call that reads them
+// next does not begin with a row of cold misses; later rows are prefetched inside rows_dot.
+void prefetch_first_rows(const WeightBank& b, int64_t n, int64_t R, int64_t C, int64_t r0,
+                         int64_t r1) {
+  const int64_t rows = std::min<int64_t>(r1 - r0, 4);
+  if (rows <= 0) return;
+  const RowsDotArgs a = expert_rows(b, n, R, C, r0, r1);
+  const auto range = [](const void* base, int64_t offset, int64_t bytes) {
+    const char* p = static_cast<const char*>(base) + offset;
+    for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, 3);
+  };
+  switch (b.format) {
+    case WeightFormat::kBf16: range(a.w, r0 * C * 2, rows * C * 2); break;
+    case WeightFormat::kFp32: range(a.w, r0 * C * 4, rows * C * 4); break;
+    case WeightFormat::kMxfp4:
+    case WeightFormat::kQ4g: {
+      const int64_t groups = C / b.group, scale_bytes = b.format == WeightFormat::kMxfp4 ? 1 : 2;
+      range(a.w, r0 * (C / 2), rows * (C / 2));
+      range(a.scales, r0 * groups * scale_bytes, rows * groups * scale_bytes);
+      if (a.zeros != nullptr) range(a.zeros, r0 * groups, rows * groups);
+      break;
+    }
+  }
 }
 
 }  // namespace
@@ -108,17 +140,27 @@ void moe_forward(const MoeProblem& p, ThreadPool& pool) {
     groups.back().end = s + 1;
   }
 
-  std::vector<float> x_f32;  // bf16 inputs are widened once
+  const VecLayout x_layout = vec_layout_for(p.isa, p.gate_up.format);
+  const VecLayout act_layout = vec_layout_for(p.isa, p.down.format);
+  std::vector<float> x_packed;  // bf16 inputs widened, and x in x_layout, once
   const float* x = static_cast<const float*>(p.x);
-  if (p.x_is_bf16) {
-    const auto* xb = static_cast<const uint16_t*>(p.x);
-    x_f32.resize(T * H);
-    for (int64_t i = 0; i < T * H; ++i) x_f32[i] = bf16_bits_to_f32(xb[i]);
-    x = x_f32.data();
+  if (p.x_is_bf16 || x_layout != VecLayout::kNatural) {
+    std::vector<float> row(p.x_is_bf16 ? H : 0);
+    x_packed.resize(T * H);
+    for (int64_t t = 0; t < T; ++t) {
+      const float* src = x + t * H;
+      if (p.x_is_bf16) {
+        const auto* xb = static_cast<const uint16_t*>(p.x) + t * H;
+        for (int64_t h = 0; h < H; ++h) row[h] = bf16_bits_to_f32(xb[h]);
+        src = row.data();
+      }
+      pack_vector(x_layout, src, x_packed.data() + t * H, H);
+    }
+    x = x_packed.data();
   }
   const int64_t P = static_cast<int64_t>(order.size());
   std::vector<const float*> x_rows(P), act_rows(P);
-  std::vector<float> act(P * I);  // [P, I] in sorted order
+  std::vector<float> act(P * I);  // [P, I] in sorted order, each row in act_layout
   for (int64_t s = 0; s < P; ++s) {
     x_rows[s] = x + p.token_ids[order[s]] * H;
     act_rows[s] = act.data() + s * I;
@@ -131,12 +173,19 @@ void moe_forward(const MoeProblem& p, ThreadPool& pool) {
     const int64_t ci = chunk_rows(I, threads);
     pool.parallel_for((I + ci - 1) / ci, [&](int64_t task) {
       const int64_t j0 = task * ci, j1 = std::min(I, j0 + ci), nj = j1 - j0;
-      std::vector<float> g, u;
-      for (const Group& grp : groups) {
+      std::vector<float> g, u, a_row(nj);
+      for (size_t gi = 0; gi < groups.size(); ++gi) {
+        const Group& grp = groups[gi];
         const int64_t n = grp.end - grp.begin;
         g.resize(n * nj);
         u.resize(n * nj);
         for (int half = 0; half < 2; ++half) {  // gate rows [j0, j1), then up rows [I+j0, I+j1)
+          // The next call's rows: this expert's up rows, or the next expert's gate rows.
+          if (half == 0) {
+            prefetch_first_rows(p.gate_up, grp.expert, 2 * I, H, I + j0, I + j1);
+          } else if (gi + 1 < groups.size()) {
+            prefetch_first_rows(p.gate_up, groups[gi + 1].expert, 2 * I, H, j0, j1);
+          }
           RowsDotArgs a = expert_rows(p.gate_up, grp.expert, 2 * I, H, half * I + j0,
                                       half * I + j1);
           a.vecs = x_rows.data() + grp.begin;
@@ -146,8 +195,8 @@ void moe_forward(const MoeProblem& p, ThreadPool& pool) {
           dot_gate_up(a);
         }
         for (int64_t i = 0; i < n; ++i) {
-          float* a = act.data() + (grp.begin + i) * I + j0;
-          for (int64_t j = 0; j < nj; ++j) a[j] = silu(g[i * nj + j]) * u[i * nj + j];
+          for (int64_t j = 0; j < nj; ++j) a_row[j] = silu(g[i * nj + j]) * u[i * nj + j];
+          pack_vector(act_layout, a_row.data(), act.data() + (grp.begin + i) * I + j0, nj);
         }
       }
     });
@@ -157,9 +206,13 @@ void moe_forward(const MoeProblem& p, ThreadPool& pool) {
   pool.parallel_for((H + ch - 1) / ch, [&](int64_t task) {
     const int64_t h0 = task * ch, h1 = std::min(H, h0 + ch), nh = h1 - h0;
     std::vector<float> y;
-    for (const Group& grp : groups) {
+    for (size_t gi = 0; gi < groups.size(); ++gi) {
+      const Group& grp = groups[gi];
       const int64_t n = grp.end - grp.begin;
       y.resize(n * nh);
+      if (I > 0 && gi + 1 < groups.size()) {
+        prefetch_first_rows(p.down, groups[gi + 1].expert, H, I, h0, h1);
+      }
       if (I > 0) {
         RowsDotArgs a = expert_rows(p.down, grp.expert, H, I, h0, h1);
         a.vecs = act_rows.data() + grp.begin;
@@ -196,13 +249,50 @@ MoeTicket MoeRunner::submit(MoeProblem p) {
   auto job = std::make_unique<Job>();
   job->problem = std::move(p);
   job->seconds = std::make_shared<double>(-1.0);
-  MoeTicket ticket{job->done.get_future().share(), job->seconds};
+  MoeTicket ticket{job->done.get_future().share(), job->seconds, 0};
   {
     std::lock_guard<std::mutex> lock(mu_);
+    job->id = ticket.id = next_id_++;
     queue_.push_back(std::move(job));
   }
   cv_.notify_one();
   return ticket;
+}
+
+void MoeRunner::wait(const MoeTicket& t) {
+  std::unique_ptr<Job> job;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!busy_ && !queue_.empty() && queue_.front()->id == t.id) {
+      job = std::move(queue_.front());
+      queue_.erase(queue_.begin());
+      busy_ = true;
+    }
+  }
+  if (job) run_job(std::move(job));
+  t.done.wait();
+}
+
+void MoeRunner::run_job(std::unique_ptr<Job> job) {
+  const auto start = std::chrono::steady_clock::now();
+  std::exception_ptr error;
+  try {
+    moe_forward(job->problem, pool_);
+  } catch (...) {
+    error = std::current_exception();
+  }
+  *job->seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    busy_ = false;
+  }
+  cv_.notify_one();  // the dispatcher may start the next queued job
+  if (error) {
+    job->done.set_exception(error);
+  } else {
+    job->done.set_value();
+  }
 }
 
 void MoeRunner::dispatch_loop() {
@@ -210,25 +300,13 @@ void MoeRunner::dispatch_loop() {
     std::unique_ptr<Job> job;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+      cv_.wait(lock, [this] { return !busy_ && (stop_ || !queue_.empty()); });
       if (queue_.empty()) return;  // stop_ with nothing left: pending work always finishes
       job = std::move(queue_.front());
       queue_.erase(queue_.begin());
+      busy_ = true;
     }
-    const auto start = std::chrono::steady_clock::now();
-    std::exception_ptr error;
-    try {
-      moe_forward(job->problem, pool_);
-    } catch (...) {
-      error = std::current_exception();
-    }
-    *job->seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (error) {
-      job->done.set_exception(error);
-    } else {
-      job->done.set_value();
-    }
+    run_job(std::move(job));
   }
 }
 

@@ -1,6 +1,12 @@
-// AVX2 + FMA variants of rows_dot for dense weights: bf16 weights widened to fp32 (exact) or fp32
-// weights, fp32 FMA with the fp32 vectors. Compiled with -mavx2 -mfma -mf16c only (see
-// setup_ext.py); called only when the CPU reports all three.
+// AVX2 + FMA variants of rows_dot for dense weights, fp32 FMA with the fp32 vectors. Compiled
+// with -mavx2 -mfma -mf16c only (see setup_ext.py); called only when the CPU reports all three.
+//  - bf16: 16 weights (one 32-byte load) per step, widened without a shuffle: a bf16 is the top
+//    half of an fp32, so `raw << 16` gives the 8 even columns and `raw & 0xFFFF0000` the 8 odd
+//    ones. The vectors come in VecLayout::kEvenOdd16, whose blocks hold exactly that order.
+//  - fp32: 8 weights per load, vectors in column order.
+// Each tile holds RB rows x TB vectors of accumulators over the whole reduction (two per pair
+// when the tile is small, so that the FMA latency is hidden at decode, TB = 1), reuses every
+// vector load for RB rows, and prefetches the next row block while it reads this one.
 // NOTE: nothing here may instantiate a shared inline/template symbol (std::vector, std::exp...):
 // the linker could pick this AVX2 copy for callers on CPUs without AVX2. Helpers are file-local.
 #include <immintrin.h>
@@ -11,11 +17,6 @@ namespace freetoken {
 
 namespace {
 
-inline __m256 load8_bf16(const uint16_t* p) {
-  __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
-}
-
 inline float hsum8(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -23,39 +24,65 @@ inline float hsum8(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-inline float bf16_to_f32(uint16_t bits) {
+inline float to_f32(uint16_t bits) {
   __m128i u = _mm_cvtsi32_si128(static_cast<int>(static_cast<uint32_t>(bits) << 16));
   return _mm_cvtss_f32(_mm_castsi128_ps(u));
 }
-
-inline __m256 load8(const uint16_t* p) { return load8_bf16(p); }
-inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-inline float to_f32(uint16_t bits) { return bf16_to_f32(bits); }
 inline float to_f32(float v) { return v; }
 
-// RB rows x TB vectors: RB*TB ymm accumulators over the full reduction.
+// Weight type traits: columns per step, and the two 8-lane fp32 halves of one step.
+//   bf16: 16 columns; half 0 = even columns, half 1 = odd columns (kEvenOdd16).
+//   fp32: 16 columns as two plain 8-column loads (kNatural).
+inline void load_step(const uint16_t* p, __m256 w[2]) {
+  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  w[0] = _mm256_castsi256_ps(_mm256_slli_epi32(raw, 16));
+  w[1] = _mm256_castsi256_ps(_mm256_and_si256(raw, _mm256_set1_epi32(0xFFFF0000u)));
+}
+inline void load_step(const float* p, __m256 w[2]) {
+  w[0] = _mm256_loadu_ps(p);
+  w[1] = _mm256_loadu_ps(p + 8);
+}
+
+// RB rows x TB vectors; NA accumulators per (row, vector): 2 splits the two halves of a step.
 template <typename T, int RB, int TB>
 inline void tile(const RowsDotArgs& a, int64_t r0, int64_t i0) {
-  __m256 acc[RB][TB];
+  constexpr int NA = RB * TB <= 4 ? 2 : 1;
+  constexpr int kLine = 64 / sizeof(T);  // columns per cache line
+  __m256 acc[RB][TB][NA];
   for (int r = 0; r < RB; ++r)
-    for (int t = 0; t < TB; ++t) acc[r][t] = _mm256_setzero_ps();
+    for (int t = 0; t < TB; ++t)
+      for (int n = 0; n < NA; ++n) acc[r][t][n] = _mm256_setzero_ps();
   const T* rows[RB];
   for (int r = 0; r < RB; ++r) rows[r] = static_cast<const T*>(a.w) + (r0 + r) * a.k;
+  const int64_t ahead = RB * a.k;  // same column, next row block
   const float* vecs[TB];
   for (int t = 0; t < TB; ++t) vecs[t] = a.vecs[i0 + t];
-  const int64_t k8 = a.k & ~int64_t{7};
-  for (int64_t k = 0; k < k8; k += 8) {
-    __m256 v[TB];
-    for (int t = 0; t < TB; ++t) v[t] = _mm256_loadu_ps(vecs[t] + k);
+  const int64_t k16 = a.k & ~int64_t{15};
+  for (int64_t k = 0; k < k16; k += 16) {
+    if (k % kLine == 0) {
+      for (int r = 0; r < RB; ++r) _mm_prefetch(reinterpret_cast<const char*>(rows[r] + ahead + k),
+                                                _MM_HINT_T0);
+    }
+    __m256 v[TB][2];
+    for (int t = 0; t < TB; ++t) {
+      v[t][0] = _mm256_loadu_ps(vecs[t] + k);
+      v[t][1] = _mm256_loadu_ps(vecs[t] + k + 8);
+    }
     for (int r = 0; r < RB; ++r) {
-      __m256 w = load8(rows[r] + k);
-      for (int t = 0; t < TB; ++t) acc[r][t] = _mm256_fmadd_ps(w, v[t], acc[r][t]);
+      __m256 w[2];
+      load_step(rows[r] + k, w);
+      for (int t = 0; t < TB; ++t) {
+        acc[r][t][0] = _mm256_fmadd_ps(w[0], v[t][0], acc[r][t][0]);
+        acc[r][t][NA - 1] = _mm256_fmadd_ps(w[1], v[t][1], acc[r][t][NA - 1]);
+      }
     }
   }
   for (int r = 0; r < RB; ++r) {
     for (int t = 0; t < TB; ++t) {
-      float s = hsum8(acc[r][t]);
-      for (int64_t k = k8; k < a.k; ++k) s += to_f32(rows[r][k]) * vecs[t][k];
+      __m256 sum = acc[r][t][0];
+      if (NA == 2) sum = _mm256_add_ps(sum, acc[r][t][NA - 1]);
+      float s = hsum8(sum);
+      for (int64_t k = k16; k < a.k; ++k) s += to_f32(rows[r][k]) * vecs[t][k];  // in order
       a.out[(i0 + t) * a.out_stride + (r0 + r - a.row_begin)] = s;
     }
   }
@@ -63,10 +90,10 @@ inline void tile(const RowsDotArgs& a, int64_t r0, int64_t i0) {
 
 template <typename T, int RB>
 inline void row_block(const RowsDotArgs& a, int64_t r0) {
+  // Two vectors per tile: 4 x 2 accumulators + 4 vector halves + 2 weight halves fit the 16 ymm.
   int64_t i = 0;
-  for (; i + 3 <= a.num_vecs; i += 3) tile<T, RB, 3>(a, r0, i);
-  if (a.num_vecs - i == 2) tile<T, RB, 2>(a, r0, i);
-  if (a.num_vecs - i == 1) tile<T, RB, 1>(a, r0, i);
+  for (; i + 2 <= a.num_vecs; i += 2) tile<T, RB, 2>(a, r0, i);
+  if (i < a.num_vecs) tile<T, RB, 1>(a, r0, i);
 }
 
 template <typename T>

@@ -1,7 +1,11 @@
 // AVX-512-BF16 variant of rows_dot for bf16 weights: vectors rounded to bf16 (vcvtne2ps2bf16),
 // then vdpbf16ps accumulates pairs of bf16 products into fp32 lanes, 32 weights per instruction.
+// Vectors in column order (VecLayout::kNatural). Like the AVX2 tiles, each tile prefetches the
+// next row block (same columns, RB rows further) while it reads its own rows.
+// NOTE: not run on the machine this was last changed on (no AVX-512-BF16 there): compiled only.
 // Compiled with -mavx512f -mavx512bw -mavx512vl -mavx512bf16 (see setup_ext.py); called only
-// when the CPU reports all four. NOTE: no shared inline/template symbols here (see rows_dot_avx2.cpp).
+// when the CPU reports all four.
+// NOTE: no shared inline/template symbols here (see rows_dot_avx2.cpp).
 // NOTE: GCC 12 warns (-Wuninitialized) inside its own avx512fintrin.h on _mm256_undefined_*().
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -40,6 +44,7 @@ inline void tile(const RowsDotArgs& a, int64_t r0, int64_t i0) {
     for (int t = 0; t < TB; ++t) acc[r][t] = _mm512_setzero_ps();
   const uint16_t* rows[RB];
   for (int r = 0; r < RB; ++r) rows[r] = static_cast<const uint16_t*>(a.w) + (r0 + r) * a.k;
+  const int64_t ahead = RB * a.k;  // same column, next row block
   const float* vecs[TB];
   for (int t = 0; t < TB; ++t) vecs[t] = a.vecs[i0 + t];
   const __mmask32 full = 0xFFFFFFFFu;
@@ -49,6 +54,7 @@ inline void tile(const RowsDotArgs& a, int64_t r0, int64_t i0) {
     __m512bh v[TB];
     for (int t = 0; t < TB; ++t) v[t] = load32_f32_as_bf16(vecs[t] + k, m);
     for (int r = 0; r < RB; ++r) {
+      _mm_prefetch(reinterpret_cast<const char*>(rows[r] + ahead + k), _MM_HINT_T0);  // 64 bytes
       __m512bh w = load32_bf16(rows[r] + k, m);
       for (int t = 0; t < TB; ++t) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], w, v[t]);
     }

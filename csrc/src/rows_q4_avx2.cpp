@@ -1,16 +1,29 @@
 // AVX2 + FMA + F16C variant of rows_dot for the 4-bit formats (mxfp4, q4g).
 //
-// A 32-column block is 16 bytes of codes: the low and high nibbles are split with a mask and a
-// shift, mapped through the group's 16-entry int8 table with one vpshufb each (freetoken/nibble.h),
-// re-interleaved into column order, and widened to 4 x 8 fp32 integers. Two schedules:
-//  - decode (at most kFusedMaxVecs vectors): the integers are multiplied straight into per-group
-//    fp32 partial sums, scaled once per group: acc += scale * sum(lut[c] * v). Nothing is written.
-//  - more vectors: 4 rows at a time are dequantised (lut[c] * scale, exact) into a 4 x k fp32
-//    scratch and handed to the dense fp32 AVX2 tile, so the decode cost is shared by all vectors.
+// Decode of a 32-column block (16 bytes of codes, low nibble = even column), 13 vector ops:
+//   one vbroadcasti128 puts the 16 bytes in both 128-bit lanes; vpsrlvd shifts the upper lane by
+//   4 and one vpand leaves the 32 nibbles as bytes (lower lane: even columns, upper: odd ones);
+//   two vpshufb map them through the group's table held as the low and high bytes of each
+//   value's bf16 bit pattern (ByteLut, freetoken/nibble.h: every table value is a small integer,
+//   exact in bf16); vpunpck{l,h}bw join the bytes into 16 bf16 each, and since a bf16 is the top
+//   half of an fp32, vpslld 16 / vpand 0xFFFF0000 on those dwords give 4 x 8 fp32.
+// The values come out in VecLayout::kNibble16 order (0 4 8 12 1 5 9 13 2 6 10 14 3 7 11 15 in
+// each 16-column block), so the vectors are packed in that order once (moe.cpp) and no weight
+// is ever shuffled back into column order. Two schedules:
+//  - decode (at most kFusedMaxVecs vectors): the values go straight into FMAs with the vectors,
+//    two partial sums per (row, vector) per group, scaled once per group into the row's
+//    accumulator; 4 rows per pass. Scales are decoded kScaleChunk groups at a time per row (F16C
+//    for q4g, integer ops for E8M0); with groups of 32 the groups then run in fours, with one
+//    prefetch per row and cache line of the next 4 rows (and of their scales).
+//  - more vectors: 4 rows at a time are dequantised (value * scale, exact) into a 4 x k fp32
+//    scratch in the same order and run through the dense fp32 AVX2 tile (rows_dot_f32_avx2), so
+//    the decode cost is shared by all vectors.
+// q4g zero points other than 8 select one of 256 constant tables (c - z, exact for any uint8 z).
 // Compiled with -mavx2 -mfma -mf16c only; called only when the CPU reports all three.
 // NOTE: no shared inline/template symbols here (see rows_dot_avx2.cpp): helpers are file-local.
 #include <immintrin.h>
 
+#include <cstdint>
 #include <cstdlib>
 
 #include "freetoken/isa.h"
@@ -22,6 +35,104 @@ namespace {
 
 constexpr int64_t kFusedMaxVecs = 2;
 
+// Everything about the bank that the loops need, computed once per rows_dot call.
+struct Q4Args {
+  const uint8_t* codes;
+  const uint8_t* e8m0;     // mxfp4 scales, else nullptr
+  const uint16_t* fp16;    // q4g scales, else nullptr
+  const uint8_t* zeros;    // q4g zero points, or nullptr (fixed table)
+  const ByteLut* lut;      // the fixed table (mxfp4, or q4g with z = 8)
+  int64_t groups, group, blocks, row_bytes;
+};
+
+Q4Args q4_args(const RowsDotArgs& a) {
+  const bool mx = a.format == WeightFormat::kMxfp4;
+  Q4Args q;
+  q.codes = static_cast<const uint8_t*>(a.w);
+  q.e8m0 = mx ? static_cast<const uint8_t*>(a.scales) : nullptr;
+  q.fp16 = mx ? nullptr : static_cast<const uint16_t*>(a.scales);
+  q.zeros = mx ? nullptr : a.zeros;
+  q.lut = mx ? &kMxfp4Bytes : &kQ4gBytes.zero_point[8];
+  q.group = a.group;
+  q.groups = a.k / a.group;
+  q.blocks = a.group / 32;
+  q.row_bytes = a.k / 2;
+  return q;
+}
+
+inline __m256i lut_lanes(const uint8_t* bytes16) {
+  return _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes16)));
+}
+
+// fp32 scales of groups [g0, g0 + n) of row r, n <= 8, into s[0:n].
+inline void group_scales(const Q4Args& q, int64_t r, int64_t g0, int64_t n, float* s) {
+  const int64_t idx = r * q.groups + g0;
+  if (q.e8m0 != nullptr) {
+    if (n == 8) {  // 2^(e - 128): bits (e - 1) << 23 for e >= 2, subnormal 0x00200000 << e below
+      const __m256i e = _mm256_cvtepu8_epi32(
+          _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q.e8m0 + idx)));
+      const __m256i normal = _mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(1)), 23);
+      const __m256i tiny = _mm256_sllv_epi32(_mm256_set1_epi32(0x00200000), e);
+      const __m256i is_normal = _mm256_cmpgt_epi32(e, _mm256_set1_epi32(1));
+      _mm256_storeu_ps(s, _mm256_castsi256_ps(_mm256_blendv_epi8(tiny, normal, is_normal)));
+    } else {
+      for (int64_t i = 0; i < n; ++i) s[i] = e8m0_half_scale(q.e8m0[idx + i]);
+    }
+  } else if (n == 8) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q.fp16 + idx));
+    _mm256_storeu_ps(s, _mm256_cvtph_ps(h));
+  } else {
+    for (int64_t i = 0; i < n; ++i) s[i] = _cvtsh_ss(q.fp16[idx + i]);
+  }
+}
+
+// 16 code bytes (32 columns) -> f[j] = table values of 8 columns each, in kNibble16 order:
+// f[0], f[1] hold columns 0..15, f[2], f[3] columns 16..31 (see isa.h).
+inline void decode32(const uint8_t* p, __m256i lut_lo, __m256i lut_hi, __m256 f[4]) {
+  const __m256i raw = lut_lanes(p);
+  const __m256i nib = _mm256_and_si256(
+      _mm256_srlv_epi32(raw, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4)), _mm256_set1_epi8(0x0F));
+  const __m256i lb = _mm256_shuffle_epi8(lut_lo, nib);
+  const __m256i hb = _mm256_shuffle_epi8(lut_hi, nib);
+  // Word m of lane 0 / lane 1: bf16 of column 2m / 2m + 1 (w01), 16 + 2m / 17 + 2m (w23).
+  const __m256i w01 = _mm256_unpacklo_epi8(lb, hb);
+  const __m256i w23 = _mm256_unpackhi_epi8(lb, hb);
+  // A bf16 is the top half of an fp32: the low word of each dword shifted up, the high word
+  // masked, give 8 fp32 each without a shuffle.
+  const __m256i high = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
+  f[0] = _mm256_castsi256_ps(_mm256_slli_epi32(w01, 16));    // 0 4 8 12 | 1 5 9 13
+  f[1] = _mm256_castsi256_ps(_mm256_and_si256(w01, high));   // 2 6 10 14 | 3 7 11 15
+  f[2] = _mm256_castsi256_ps(_mm256_slli_epi32(w23, 16));    // 16 + the same
+  f[3] = _mm256_castsi256_ps(_mm256_and_si256(w23, high));
+}
+
+inline void prefetch_line(const uint8_t* p, int64_t ahead) {
+  // One prefetch per 64-byte line: only the 16-byte block that starts a line issues one.
+  if ((reinterpret_cast<uintptr_t>(p) & 63) < 16) {
+    _mm_prefetch(reinterpret_cast<const char*>(p + ahead), _MM_HINT_T0);
+  }
+}
+
+// The same pointer, opaque to the optimiser (so loads through it are not merged across rows).
+inline const float* launder(const float* p) {
+  __asm__("" : "+r"(p));
+  return p;
+}
+
+// Scales (and zero points) of rows [r, r + n), which sit apart from the codes.
+inline void prefetch_scales(const Q4Args& q, int64_t r, int64_t n) {
+  const int64_t idx = r * q.groups, count = n * q.groups;
+  const char* s = q.e8m0 != nullptr ? reinterpret_cast<const char*>(q.e8m0 + idx)
+                                     : reinterpret_cast<const char*>(q.fp16 + idx);
+  const int64_t bytes = q.e8m0 != nullptr ? count : 2 * count;
+  for (int64_t o = 0; o < bytes; o += 64) _mm_prefetch(s + o, _MM_HINT_T0);
+  if (q.zeros != nullptr) {
+    for (int64_t o = 0; o < count; o += 64) {
+      _mm_prefetch(reinterpret_cast<const char*>(q.zeros + idx + o), _MM_HINT_T0);
+    }
+  }
+}
+
 inline float hsum8(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -29,62 +140,98 @@ inline float hsum8(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-// Table (as 16 int8 lanes) and scale of group g of row r (groups = a.k / a.group, hoisted by the
-// callers: a 64-bit division per group would cost as much as decoding it).
-inline float group_lut(const RowsDotArgs& a, int64_t groups, int64_t r, int64_t g, __m128i* lut) {
-  const int64_t idx = r * groups + g;
-  if (a.format == WeightFormat::kMxfp4) {
-    *lut = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kMxfp4Lut));
-    return e8m0_half_scale(static_cast<const uint8_t*>(a.scales)[idx]);
+// Groups whose scales a tile decodes at once (per row), before the loop that uses them.
+constexpr int64_t kScaleChunk = 64;
+
+// One group g of one row: acc[t] += scale * sum over the group's columns of value * vecs[t].
+// kPrefetch: prefetch the line `ahead` bytes past each 16-byte block that starts a line.
+template <int TB, int kBlocks, bool kPrefetch>
+inline void group_dot(const uint8_t* row, int64_t g, int64_t blocks, __m256i lut_lo,
+                      __m256i lut_hi, const float* const* vecs, const float* scale,
+                      int64_t ahead, __m256* acc) {
+  const int64_t group = 32 * (kBlocks > 0 ? kBlocks : blocks);
+  const uint8_t* p = row + g * (group / 2);
+  __m256 part[TB][2] = {};  // (every block assigns before it adds; zero for the compiler)
+  for (int64_t b = 0; b < (kBlocks > 0 ? kBlocks : blocks); ++b) {
+    if (kPrefetch) prefetch_line(p + 16 * b, ahead);
+    __m256 f[4];
+    decode32(p + 16 * b, lut_lo, lut_hi, f);
+    const int64_t col = g * group + 32 * b;
+    for (int t = 0; t < TB; ++t) {
+      // Re-read the vector for every row (L1 hits folded into the FMAs) rather than keep 4 of
+      // them in registers, which would push the accumulators out to the stack.
+      const float* v = launder(vecs[t] + col);
+      const __m256 p0 = _mm256_mul_ps(f[0], _mm256_loadu_ps(v));
+      const __m256 p1 = _mm256_mul_ps(f[1], _mm256_loadu_ps(v + 8));
+      part[t][0] = b == 0 ? p0 : _mm256_add_ps(part[t][0], p0);
+      part[t][1] = b == 0 ? p1 : _mm256_add_ps(part[t][1], p1);
+      part[t][0] = _mm256_fmadd_ps(f[2], _mm256_loadu_ps(v + 16), part[t][0]);
+      part[t][1] = _mm256_fmadd_ps(f[3], _mm256_loadu_ps(v + 24), part[t][1]);
+    }
   }
-  const __m128i iota = _mm_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  *lut = _mm_sub_epi8(iota, _mm_set1_epi8(static_cast<char>(a.zeros ? a.zeros[idx] : 8)));
-  return _cvtsh_ss(static_cast<const uint16_t*>(a.scales)[idx]);
+  const __m256 s = _mm256_broadcast_ss(scale);
+  for (int t = 0; t < TB; ++t) {
+    acc[t] = _mm256_fmadd_ps(_mm256_add_ps(part[t][0], part[t][1]), s, acc[t]);
+  }
 }
 
-// 32 codes (16 bytes, low nibble = even column) -> 4 x 8 fp32 table values in column order.
-inline void decode32(const uint8_t* p, __m128i lut, __m256 w[4]) {
-  const __m128i mask = _mm_set1_epi8(0x0F);
-  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  const __m128i lo = _mm_shuffle_epi8(lut, _mm_and_si128(b, mask));
-  const __m128i hi = _mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16(b, 4), mask));
-  const __m128i v0 = _mm_unpacklo_epi8(lo, hi);  // columns 0..15
-  const __m128i v1 = _mm_unpackhi_epi8(lo, hi);  // columns 16..31
-  w[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v0));
-  w[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(v0, v0)));
-  w[2] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v1));
-  w[3] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(v1, v1)));
-}
-
-// RB rows x TB vectors straight from the codes.
-template <int RB, int TB>
-inline void fused_tile(const RowsDotArgs& a, int64_t r0, int64_t i0) {
-  const auto* codes = static_cast<const uint8_t*>(a.w);
-  const int64_t groups = a.k / a.group, blocks = a.group / 32, row_bytes = a.k / 2;
-  const int64_t half_group = a.group / 2;
+// RB rows x TB vectors straight from the codes; kZeros: per-group tables from q.zeros;
+// kBlocks: 32-column blocks per group (1: groups of 32; 0: q.blocks at run time). Scales are
+// decoded kScaleChunk groups at a time; with groups of 32 the groups then run in fours (64 code
+// bytes per row), with one unconditional prefetch per row and line.
+template <bool kZeros, int RB, int TB, int kBlocks>
+inline void fused_tile(const Q4Args& q, const RowsDotArgs& a, int64_t r0, int64_t i0) {
   __m256 acc[RB][TB];
   for (int r = 0; r < RB; ++r)
     for (int t = 0; t < TB; ++t) acc[r][t] = _mm256_setzero_ps();
   const float* vecs[TB];
   for (int t = 0; t < TB; ++t) vecs[t] = a.vecs[i0 + t];
-  for (int64_t g = 0; g < groups; ++g) {
+  const uint8_t* rows[RB];
+  for (int r = 0; r < RB; ++r) rows[r] = q.codes + (r0 + r) * q.row_bytes;
+  const int64_t ahead = RB * q.row_bytes;  // same column, next row block
+  prefetch_scales(q, r0 + RB, RB);
+  __m256i lut_lo = lut_lanes(q.lut->lo), lut_hi = lut_lanes(q.lut->hi);
+  const auto set_lut = [&](int r, int64_t g) {
+    if (kZeros) {
+      const ByteLut& t = kQ4gBytes.zero_point[q.zeros[(r0 + r) * q.groups + g]];
+      lut_lo = lut_lanes(t.lo);
+      lut_hi = lut_lanes(t.hi);
+    }
+  };
+  alignas(32) float sc[RB][kScaleChunk];
+  for (int64_t g0 = 0; g0 < q.groups; g0 += kScaleChunk) {
+    const int64_t ng = q.groups - g0 < kScaleChunk ? q.groups - g0 : kScaleChunk;
     for (int r = 0; r < RB; ++r) {
-      __m128i lut;
-      const __m256 scale = _mm256_set1_ps(group_lut(a, groups, r0 + r, g, &lut));
-      const uint8_t* p = codes + (r0 + r) * row_bytes + g * half_group;
-      __m256 part[TB];
-      for (int t = 0; t < TB; ++t) part[t] = _mm256_setzero_ps();
-      for (int64_t b = 0; b < blocks; ++b) {
-        __m256 w[4];
-        decode32(p + b * 16, lut, w);
-        const int64_t col = g * a.group + b * 32;
-        for (int t = 0; t < TB; ++t) {
-          for (int q = 0; q < 4; ++q) {
-            part[t] = _mm256_fmadd_ps(w[q], _mm256_loadu_ps(vecs[t] + col + 8 * q), part[t]);
+      for (int64_t j = 0; j < ng; j += 8) {
+        group_scales(q, r0 + r, g0 + j, ng - j < 8 ? ng - j : 8, &sc[r][j]);
+      }
+    }
+    int64_t gi = 0;
+    if (kBlocks == 1) {
+      for (; gi + 4 <= ng; gi += 4) {
+#pragma GCC unroll 4
+        for (int r = 0; r < RB; ++r) {
+          _mm_prefetch(reinterpret_cast<const char*>(rows[r] + (g0 + gi) * 16 + ahead),
+                       _MM_HINT_T0);
+        }
+#pragma GCC unroll 4
+        for (int u = 0; u < 4; ++u) {
+#pragma GCC unroll 4
+          for (int r = 0; r < RB; ++r) {
+            set_lut(r, g0 + gi + u);
+            group_dot<TB, 1, false>(rows[r], g0 + gi + u, 1, lut_lo, lut_hi, vecs,
+                                    &sc[r][gi + u], ahead, acc[r]);
           }
         }
       }
-      for (int t = 0; t < TB; ++t) acc[r][t] = _mm256_fmadd_ps(part[t], scale, acc[r][t]);
+    }
+    for (; gi < ng; ++gi) {
+#pragma GCC unroll 4
+      for (int r = 0; r < RB; ++r) {
+        set_lut(r, g0 + gi);
+        group_dot<TB, kBlocks, true>(rows[r], g0 + gi, q.blocks, lut_lo, lut_hi, vecs,
+                                     &sc[r][gi], ahead, acc[r]);
+      }
     }
   }
   for (int r = 0; r < RB; ++r)
@@ -92,50 +239,82 @@ inline void fused_tile(const RowsDotArgs& a, int64_t r0, int64_t i0) {
       a.out[(i0 + t) * a.out_stride + (r0 + r - a.row_begin)] = hsum8(acc[r][t]);
 }
 
-template <int TB>
-inline void fused_rows(const RowsDotArgs& a, int64_t i0) {
+// Rows per pass: 4 for one vector (4 accumulators + 2 partial sums + 4 values + tables and
+// constants fit the 16 ymm), 2 for two vectors.
+template <bool kZeros, int TB, int kBlocks>
+inline void fused_rows(const Q4Args& q, const RowsDotArgs& a) {
+  constexpr int RB = TB == 1 ? 4 : 2;
   int64_t r = a.row_begin;
-  for (; r + 4 <= a.row_end; r += 4) fused_tile<4, TB>(a, r, i0);
-  for (; r < a.row_end; ++r) fused_tile<1, TB>(a, r, i0);
+  for (; r + RB <= a.row_end; r += RB) fused_tile<kZeros, RB, TB, kBlocks>(q, a, r, 0);
+  for (; r < a.row_end; ++r) fused_tile<kZeros, 1, TB, kBlocks>(q, a, r, 0);
 }
 
-// Rows [r0, r1) dequantised (exactly) into dst [r1 - r0, k] fp32.
-inline void dequant_rows(const RowsDotArgs& a, int64_t r0, int64_t r1, float* dst) {
-  const auto* codes = static_cast<const uint8_t*>(a.w);
-  const int64_t groups = a.k / a.group, blocks = a.group / 32;
+template <bool kZeros, int kBlocks>
+inline void fused_blocks(const Q4Args& q, const RowsDotArgs& a) {
+  if (a.num_vecs == 1) {
+    fused_rows<kZeros, 1, kBlocks>(q, a);
+  } else {
+    fused_rows<kZeros, 2, kBlocks>(q, a);
+  }
+}
+
+template <bool kZeros>
+inline void fused(const Q4Args& q, const RowsDotArgs& a) {
+  if (q.blocks == 1) {
+    fused_blocks<kZeros, 1>(q, a);
+  } else {
+    fused_blocks<kZeros, 0>(q, a);
+  }
+}
+
+// Rows [r0, r1) dequantised (exactly) into dst [r1 - r0, k] fp32, kNibble16 order.
+inline void dequant_rows(const Q4Args& q, int64_t k, int64_t r0, int64_t r1, float* dst) {
+  alignas(32) float sc[8];
   for (int64_t r = r0; r < r1; ++r) {
-    const uint8_t* row = codes + r * (a.k / 2);
-    float* out = dst + (r - r0) * a.k;
-    for (int64_t g = 0; g < groups; ++g) {
-      __m128i lut;
-      const __m256 scale = _mm256_set1_ps(group_lut(a, groups, r, g, &lut));
-      for (int64_t b = 0; b < blocks; ++b) {
-        __m256 w[4];
-        decode32(row + g * (a.group / 2) + b * 16, lut, w);
-        float* o = out + g * a.group + b * 32;
-        for (int q = 0; q < 4; ++q) _mm256_storeu_ps(o + 8 * q, _mm256_mul_ps(w[q], scale));
+    const uint8_t* row = q.codes + r * q.row_bytes;
+    float* out = dst + (r - r0) * k;
+    for (int64_t g0 = 0; g0 < q.groups; g0 += 8) {
+      const int64_t ng = q.groups - g0 < 8 ? q.groups - g0 : 8;
+      group_scales(q, r, g0, ng, sc);
+      for (int64_t gi = 0; gi < ng; ++gi) {
+        const int64_t g = g0 + gi;
+        const ByteLut& t = q.zeros ? kQ4gBytes.zero_point[q.zeros[r * q.groups + g]] : *q.lut;
+        const __m256i lut_lo = lut_lanes(t.lo), lut_hi = lut_lanes(t.hi);
+        const __m256 s = _mm256_broadcast_ss(&sc[gi]);
+        for (int64_t b = 0; b < q.blocks; ++b) {
+          __m256 f[4];
+          decode32(row + g * (q.group / 2) + 16 * b, lut_lo, lut_hi, f);
+          float* o = out + g * q.group + 32 * b;
+          for (int j = 0; j < 4; ++j) _mm256_storeu_ps(o + 8 * j, _mm256_mul_ps(f[j], s));
+        }
       }
     }
   }
 }
 
-void scratch_rows(const RowsDotArgs& a) {
+void scratch_rows(const Q4Args& q, const RowsDotArgs& a) {
   constexpr int64_t kRows = 4;
   float* scratch = static_cast<float*>(std::malloc(sizeof(float) * kRows * a.k));
-  if (scratch == nullptr) {  // out of memory: the slower schedule needs none
-    for (int64_t i = 0; i < a.num_vecs; ++i) fused_rows<1>(a, i);
+  if (scratch == nullptr) {  // out of memory: the fused schedule needs none, one vector at a time
+    for (int64_t i = 0; i < a.num_vecs; ++i) {
+      RowsDotArgs one = a;
+      one.vecs = a.vecs + i;
+      one.num_vecs = 1;
+      one.out = a.out + i * a.out_stride;
+      q.zeros ? fused<true>(q, one) : fused<false>(q, one);
+    }
     return;
   }
   for (int64_t r0 = a.row_begin; r0 < a.row_end; r0 += kRows) {
     const int64_t r1 = r0 + kRows < a.row_end ? r0 + kRows : a.row_end;
-    dequant_rows(a, r0, r1, scratch);
+    dequant_rows(q, a.k, r0, r1, scratch);
     RowsDotArgs d;
     d.format = WeightFormat::kFp32;
     d.w = scratch;
     d.k = a.k;
     d.row_begin = 0;
     d.row_end = r1 - r0;
-    d.vecs = a.vecs;
+    d.vecs = a.vecs;  // kNibble16, the scratch's order
     d.num_vecs = a.num_vecs;
     d.out = a.out + (r0 - a.row_begin);
     d.out_stride = a.out_stride;
@@ -147,11 +326,14 @@ void scratch_rows(const RowsDotArgs& a) {
 }  // namespace
 
 void rows_dot_q4_avx2(const RowsDotArgs& a) {
-  switch (a.num_vecs) {
-    case 0: return;
-    case 1: fused_rows<1>(a, 0); return;
-    case kFusedMaxVecs: fused_rows<kFusedMaxVecs>(a, 0); return;
-    default: scratch_rows(a); return;
+  if (a.num_vecs <= 0 || a.row_end <= a.row_begin) return;
+  const Q4Args q = q4_args(a);
+  if (a.num_vecs > kFusedMaxVecs) {
+    scratch_rows(q, a);
+  } else if (q.zeros != nullptr) {
+    fused<true>(q, a);
+  } else {
+    fused<false>(q, a);
   }
 }
 

@@ -8,15 +8,15 @@ namespace freetoken {
 
 namespace {
 
-// Table and scale of group g of row r.
-inline float group_lut(const RowsDotArgs& a, int64_t r, int64_t g, int8_t lut[16]) {
+// Table and scale of group g of row r (values as fp32: c - z spans [-255, 15] for uint8 z).
+inline float group_lut(const RowsDotArgs& a, int64_t r, int64_t g, float lut[16]) {
   const int64_t groups = a.k / a.group, idx = r * groups + g;
   if (a.format == WeightFormat::kMxfp4) {
-    for (int c = 0; c < 16; ++c) lut[c] = kMxfp4Lut[c];
+    for (int c = 0; c < 16; ++c) lut[c] = static_cast<float>(kMxfp4Lut[c]);
     return e8m0_half_scale(static_cast<const uint8_t*>(a.scales)[idx]);
   }
   const int z = a.zeros ? a.zeros[idx] : 8;
-  for (int c = 0; c < 16; ++c) lut[c] = static_cast<int8_t>(c - z);
+  for (int c = 0; c < 16; ++c) lut[c] = static_cast<float>(c - z);
   return fp16_bits_to_f32(static_cast<const uint16_t*>(a.scales)[idx]);
 }
 
@@ -25,7 +25,7 @@ inline float group_lut(const RowsDotArgs& a, int64_t r, int64_t g, int8_t lut[16
 void rows_dot_q4_scalar(const RowsDotArgs& a) {
   const auto* codes = static_cast<const uint8_t*>(a.w);
   const int64_t groups = a.k / a.group;
-  int8_t lut[16];
+  float lut[16];
   for (int64_t r = a.row_begin; r < a.row_end; ++r) {
     for (int64_t i = 0; i < a.num_vecs; ++i) a.out[i * a.out_stride + (r - a.row_begin)] = 0.0f;
     for (int64_t g = 0; g < groups; ++g) {
@@ -35,8 +35,8 @@ void rows_dot_q4_scalar(const RowsDotArgs& a) {
         const float* v = a.vecs[i] + g * a.group;
         float acc = 0.0f;
         for (int64_t j = 0; j < a.group / 2; ++j) {
-          acc += static_cast<float>(lut[b[j] & 0x0F]) * v[2 * j];
-          acc += static_cast<float>(lut[b[j] >> 4]) * v[2 * j + 1];
+          acc += lut[b[j] & 0x0F] * v[2 * j];
+          acc += lut[b[j] >> 4] * v[2 * j + 1];
         }
         a.out[i * a.out_stride + (r - a.row_begin)] += scale * acc;
       }

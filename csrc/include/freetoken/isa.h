@@ -32,13 +32,32 @@ std::vector<Isa> supported_isas();
 // The best supported variant.
 Isa best_isa();
 
+// Order in which a variant reads the k values of its fp32 vectors (the weights keep their stored
+// order). A variant whose weight decode naturally yields columns in another order asks for the
+// vectors in that order, so the permutation is paid once per vector, not once per weight row.
+//   kNatural:   column order.
+//   kEvenOdd16: within each full block of 16 columns, the 8 even columns then the 8 odd ones:
+//               0 2 .. 14 1 3 .. 15 (AVX2 bf16 decode).
+//   kNibble16:  within each full block of 16 columns: 0 4 8 12 1 5 9 13 2 6 10 14 3 7 11 15
+//               (AVX2 4-bit decode, rows_q4_avx2.cpp).
+// A trailing partial block stays in column order. Blocks start at column 0, so a segment
+// [j0, j1) with j0 a multiple of 16 (and j1 = k or a multiple of 16) can be packed on its own.
+enum class VecLayout : int { kNatural = 0, kEvenOdd16 = 1, kNibble16 = 2 };
+
+// The layout rows_dot_for(isa, format) expects its vectors in.
+VecLayout vec_layout_for(Isa isa, WeightFormat format);
+
+// dst[0:k] = src[0:k] permuted into `layout` (dst != src). Portable code.
+void pack_vector(VecLayout layout, const float* src, float* dst, int64_t k);
+
 // Arguments of the one ISA-specific primitive: dot products of weight rows with fp32 vectors.
 //   out[i * out_stride + (r - row_begin)] = sum_k W[r, k] * vecs[i][k]
 // for rows r in [row_begin, row_end) and vectors i in [0, num_vecs), where W is the [rows, k]
 // matrix that w (and, for 4-bit formats, scales / zeros) encode in `format`. Rows are contiguous:
 // row r starts at element r * k (dense) or byte r * k / 2 (4-bit; k is a multiple of `group`).
-// The AVX-512-BF16 bf16 variant rounds the vectors to bf16 before the products; every other
-// variant keeps fp32 vectors and fp32 sums.
+// The vectors are given in the variant's layout (vec_layout_for; the sum is the same dot product,
+// only the order in which its terms are added differs). The AVX-512-BF16 bf16 variant rounds the
+// vectors to bf16 before the products; every other variant keeps fp32 vectors and fp32 sums.
 struct RowsDotArgs {
   WeightFormat format = WeightFormat::kBf16;
   const void* w = nullptr;          // bf16 bits / fp32 values / packed 4-bit codes of row 0
@@ -48,7 +67,7 @@ struct RowsDotArgs {
   int64_t k = 0;                    // reduction length (columns)
   int64_t row_begin = 0;
   int64_t row_end = 0;
-  const float* const* vecs = nullptr;  // num_vecs pointers to k fp32 values each
+  const float* const* vecs = nullptr;  // num_vecs pointers to k fp32 values each (VecLayout)
   int64_t num_vecs = 0;
   float* out = nullptr;
   int64_t out_stride = 0;

@@ -59,9 +59,12 @@ void moe_forward(const MoeProblem& p, ThreadPool& pool);
 struct MoeTicket {
   std::shared_future<void> done;
   std::shared_ptr<double> seconds;
+  uint64_t id = 0;  // submission number within its runner
 };
 
 // Owns the thread pool and a dispatcher thread that runs submitted problems in order.
+// A thread that waits for a problem which has not started, is next in line and finds the pool
+// idle runs it itself (MoeRunner::wait), so a blocking call costs no thread hand-off.
 class MoeRunner {
  public:
   explicit MoeRunner(int num_threads);
@@ -75,18 +78,29 @@ class MoeRunner {
   // ticket's future is ready.
   MoeTicket submit(MoeProblem p);
 
- private:
-  void dispatch_loop();
+  // Blocks until t's problem is done (then t.done is ready; it holds any error). If the problem
+  // has not started, is the next in submission order and no other problem is running, the
+  // calling thread runs it on the pool instead of waking the dispatcher and sleeping.
+  void wait(const MoeTicket& t);
 
+ private:
   struct Job {
     MoeProblem problem;
     std::promise<void> done;
     std::shared_ptr<double> seconds;
+    uint64_t id = 0;
   };
+
+  void dispatch_loop();
+  // Runs a job popped with busy_ set; clears busy_, then fulfils the job's promise.
+  void run_job(std::unique_ptr<Job> job);
+
   ThreadPool pool_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<std::unique_ptr<Job>> queue_;
+  uint64_t next_id_ = 0;
+  bool busy_ = false;  // a job is running (on the dispatcher or on a waiting thread)
   bool stop_ = false;
   std::thread dispatcher_;
 };

@@ -16,35 +16,50 @@ namespace freetoken {
 // affinity mask); falls back to std::thread::hardware_concurrency().
 int physical_core_count();
 
+// A fork-join pool for blocking parallel-for loops. The calling thread runs tasks too, so a pool
+// of size n starts n - 1 workers. Between loops a worker spins for a few tens of microseconds
+// (kSpinMicros) before it sleeps on a condition variable: the two phases of one MoE call, and
+// calls that follow each other closely, then start without a futex wake-up per worker.
 class ThreadPool {
  public:
-  // Starts num_threads workers (at least 1); they sleep between loops.
+  // A pool of num_threads threads (at least 1): the caller of parallel_for and num_threads - 1
+  // workers, which sleep between loops.
   explicit ThreadPool(int num_threads);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
 
-  int size() const { return static_cast<int>(workers_.size()); }
+  int size() const { return static_cast<int>(workers_.size()) + 1; }
 
-  // Runs fn(task) for task in [0, num_tasks) on the workers and returns when all finished.
-  // Tasks are handed out dynamically. The first exception thrown by a task is rethrown here
-  // (the remaining tasks are skipped). Not reentrant: one loop at a time (callers serialize).
+  // Runs fn(task) for task in [0, num_tasks) on the caller and the workers and returns when all
+  // finished. Tasks are handed out dynamically. The first exception thrown by a task is rethrown
+  // here (the tasks not yet started are skipped). Not reentrant: one loop at a time (callers
+  // serialize). num_tasks must be below 2^32.
   void parallel_for(int64_t num_tasks, const std::function<void(int64_t)>& fn);
 
  private:
+  static constexpr uint32_t kClosed = 0xFFFFFFFFu;
+  static constexpr int kSpinMicros = 50;
+
   void worker_loop();
+  // Claims and runs tasks of loop `gen` until none is left (or the loop is closed).
+  void run_tasks(uint32_t gen);
 
   std::vector<std::thread> workers_;
   std::mutex mu_;
-  std::condition_variable wake_;
-  std::condition_variable done_;
-  const std::function<void(int64_t)>* fn_ = nullptr;
-  int64_t num_tasks_ = 0;
-  std::atomic<int64_t> next_{0};
-  int active_ = 0;          // workers still inside the current loop
-  uint64_t generation_ = 0;
-  bool stop_ = false;
-  std::exception_ptr error_;
+  std::condition_variable wake_;  // workers: a new loop or stop
+  std::condition_variable done_;  // caller: the last task finished
+  // (loop generation << 32) | next task index. A task is claimed by a compare-exchange on the
+  // whole word, so a worker that wakes late can never run a task of a later loop with an earlier
+  // loop's function; the caller sets the index to kClosed before it reuses fn_ / num_tasks_.
+  std::atomic<uint64_t> ticket_{0};
+  uint32_t generation_ = 0;  // caller-side copy of the current generation
+  std::atomic<const std::function<void(int64_t)>*> fn_{nullptr};
+  std::atomic<int64_t> num_tasks_{0};
+  std::atomic<int64_t> finished_{0};
+  std::atomic<bool> failed_{false};
+  std::atomic<bool> stop_{false};
+  std::exception_ptr error_;  // guarded by mu_
 };
 
 }  // namespace freetoken

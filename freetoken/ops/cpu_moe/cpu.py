@@ -33,11 +33,13 @@ def submit(
 ) -> CpuMoeHandle:
     """Queue the SwiGLU expert MLP on the kernel's thread pool and return at once.
 
-    The work runs on a persistent pool of ``num_threads()`` workers (physical cores, or
+    The work runs on a persistent pool of ``num_threads()`` threads (physical cores, or
     ``FREETOKEN_CPU_MOE_THREADS``) without the GIL, so the caller can launch device work and then
-    call ``handle.wait()``. Submissions run one after another in submission order. The handle
-    keeps ``x``, ``gate_up`` and ``down`` alive until the work is done; the caller must not write
-    them before ``wait()`` returns (routing tensors are copied at submit).
+    call ``handle.wait()`` (a job that has not started by then, and is next in line, runs on the
+    waiting thread and the pool's workers instead of being handed to the dispatcher thread).
+    Submissions run one after another in submission order. The handle keeps ``x``, ``gate_up``
+    and ``down`` alive until the work is done; the caller must not write them before ``wait()``
+    returns (routing tensors are copied at submit).
 
     Args:
         x: ``[T, H]`` fp32 or bf16 hidden states, contiguous, CPU.
