@@ -67,11 +67,20 @@ class CausalLM(torch.nn.Module, ABC):
         Raises:
             ValueError: not lists of equal length >= 1, or what :meth:`forward` raises.
         """
-        if not isinstance(inputs, (list, tuple)) or not isinstance(states, (list, tuple)):
-            raise ValueError("forward_batch takes a list of input_ids and a list of states")
-        if len(inputs) != len(states):
-            raise ValueError(f"forward_batch got {len(inputs)} inputs but {len(states)} states")
-        if not inputs:
-            raise ValueError("forward_batch needs at least one sequence")
+        check_batch(inputs, states)
         return torch.stack([self.forward(ids, state)[-1].float()
                             for ids, state in zip(inputs, states)])
+
+
+def check_batch(inputs, states) -> None:
+    """The argument checks every ``forward_batch`` shares.
+
+    Raises:
+        ValueError: not two lists (or tuples) of equal length >= 1.
+    """
+    if not isinstance(inputs, (list, tuple)) or not isinstance(states, (list, tuple)):
+        raise ValueError("forward_batch takes a list of input_ids and a list of states")
+    if len(inputs) != len(states):
+        raise ValueError(f"forward_batch got {len(inputs)} inputs but {len(states)} states")
+    if not inputs:
+        raise ValueError("forward_batch needs at least one sequence")

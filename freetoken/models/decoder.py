@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from freetoken.models.attention import Attention, AttnContext
-from freetoken.models.base import CausalLM
+from freetoken.models.base import CausalLM, check_batch
 from freetoken.models.config import ModelConfig
 from freetoken.models.gated_deltanet import GatedDeltaNet
 from freetoken.models.loader import WeightTarget
@@ -362,12 +362,7 @@ class DecoderLM(CausalLM):
                 :meth:`forward` rejects (no state is changed).
             RuntimeError: a paged state's slot table is too short (no state is changed).
         """
-        if not isinstance(inputs, (list, tuple)) or not isinstance(states, (list, tuple)):
-            raise ValueError("forward_batch takes a list of input_ids and a list of states")
-        if len(inputs) != len(states):
-            raise ValueError(f"forward_batch got {len(inputs)} inputs but {len(states)} states")
-        if not inputs:
-            raise ValueError("forward_batch needs at least one sequence")
+        check_batch(inputs, states)
         if len({id(s) for s in states}) != len(states):
             raise ValueError("forward_batch got the same state more than once")
         for ids, state in zip(inputs, states):

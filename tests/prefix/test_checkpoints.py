@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
 
 import pytest
 import torch
 
 from freetoken.prefix.checkpoints import CheckpointStore, RecurrentLayout
+
+from tests.prefix.stand_ins import Node
 
 # conv state [conv_dim, K-1] in bf16 and delta-rule memory [Hv, dk, dv] in fp32, for 2 GDN layers.
 LAYOUT = RecurrentLayout((((6, 3), torch.bfloat16), ((2, 4, 4), torch.float32),
@@ -16,17 +17,6 @@ LAYOUT = RecurrentLayout((((6, 3), torch.bfloat16), ((2, 4, 4), torch.float32),
 BPC = 2 * (18 * 2 + 32 * 4)  # 328 bytes per checkpoint
 # The CUDA device tier (and pinned host tier) is exercised where a GPU exists.
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-
-
-@dataclass(eq=False)
-class Node:
-    """Stand-in for RadixNode: only the attributes the store may use."""
-
-    parent: Node | None = None
-    children: dict[int, Node] = field(default_factory=dict)
-    depth: int = 0
-    lock_ref: int = 0
-    checkpoint: int | None = None
 
 
 def child(parent: Node, depth: int) -> Node:

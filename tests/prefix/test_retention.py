@@ -2,22 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import pytest
 
 from freetoken.prefix.retention import deeper_checkpoint_counts, is_redundant, pick_victim
 
-
-@dataclass(eq=False)
-class Node:
-    """Stand-in for RadixNode: only the attributes the retention code may read."""
-
-    parent: Node | None = None
-    children: dict[int, Node] = field(default_factory=dict)
-    depth: int = 0
-    lock_ref: int = 0
-    checkpoint: int | None = None
+from tests.prefix.stand_ins import Node
 
 
 def grow(parent: Node, *depths: int, checkpoints=None) -> list[Node]:
