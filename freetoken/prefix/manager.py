@@ -167,6 +167,7 @@ class PrefixCache:
                 while node.parent is not None and node.checkpoint is None:
                     node = node.parent
                 cid = node.checkpoint
+                self._touch_path(node)
             length = node.depth
             slots = tuple(int(s) for s in match.slots[:length])
         seq = _Seq(list(slots))
@@ -181,6 +182,14 @@ class PrefixCache:
             raise
         seq.boundaries = self._boundaries(token_ids[:num_prompt], length)
         return Reuse(length, slots, cid, matched)
+
+    def _touch_path(self, node: RadixNode) -> None:
+        """Mark every checkpoint on the root path of ``node`` as used now: a returning
+        conversation keeps its whole path warm, not only the checkpoint it restores."""
+        while node is not None and self.store is not None:
+            if node.checkpoint is not None:
+                self.store.touch(node.checkpoint)
+            node = node.parent
 
     def _boundaries(self, prompt: Sequence[int], start: int) -> list[int]:
         if not self.hybrid:

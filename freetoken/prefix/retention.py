@@ -9,7 +9,10 @@ sub-agents sharing a system prompt): a future request on any of those paths resu
 one. Redundant checkpoints go first, then the rest; within a class the checkpoint with the
 smallest *gain* goes first (tokens it saves over the next shallower checkpoint on its path, so
 the survivors stay spread along the path and a lost one costs little), then the oldest.
-Checkpoints on locked nodes (a running request's path) go only when nothing else is left.
+A running request locks its whole radix path, but only the checkpoint its lock ends at (the one it
+restores or its latest snapshot) is protected, going only when nothing else is left: the shallower
+ones on its path were needed only until the request had restored its state (a cold prefill with
+many anchors would otherwise evict every other conversation's checkpoints before its own).
 Paper §3.1; tuned on ``evals/bench_prefix.py`` (interleaved Claude Code sessions).
 
 Only these node attributes are read: ``children`` (dict of child nodes), ``checkpoint``
@@ -71,7 +74,7 @@ def is_redundant(node: Any, keep_deepest: int, counts: dict[int, int] | None = N
 def pick_victim(candidates: Sequence[tuple[Hashable, Any, float]], keep_deepest: int) -> Hashable:
     """The checkpoint to drop (or spill) first.
 
-    Order: unlocked before locked (``lock_ref > 0``), then class 0 (redundant, see module
+    Order: unprotected before protected (a running request's lock ends at the node), then class 0 (redundant, see module
     docstring) before class 1, then the smallest gain, then oldest ``last_use`` first, then the
     candidate listed first.
 
@@ -94,7 +97,7 @@ def pick_victim(candidates: Sequence[tuple[Hashable, Any, float]], keep_deepest:
 
     def key(item: tuple[int, tuple[Hashable, Any, float]]) -> tuple:
         index, (_, node, last_use) = item
-        locked = node.lock_ref > 0
+        locked = _lock_end(node)
         branch = len(node.children) > 1
         value_class = 0 if counts[id(node)] >= keep_deepest and not branch else 1
         gain = _gain(node)
@@ -110,3 +113,11 @@ def _gain(node: Any) -> int:
     while up is not None and up.checkpoint is None:
         up = up.parent
     return depth - (getattr(up, "depth", 0) if up is not None else 0)
+
+
+def _lock_end(node: Any) -> bool:
+    """True when a running request's lock ends at ``node`` (its restore point or latest
+    checkpoint): more locks reach it than continue into its children. Shallower checkpoints on a
+    running request's path are not protected: the request restored its state already."""
+    below = sum(getattr(c, "lock_ref", 0) for c in node.children.values())
+    return node.lock_ref > below

@@ -157,3 +157,28 @@ def _encode(text: str) -> list[int]:
     from tests.prefix.engine_helpers import tiny
 
     return list(tiny(ARCH)[2].encode(text))
+
+
+def test_a_returning_request_refreshes_every_checkpoint_on_its_path() -> None:
+    """Admission marks all checkpoints on the restored path as used (not only the one loaded),
+    so a conversation that keeps coming back keeps its path; others keep their age."""
+    first, second = _suffix()
+    _, p1 = render(ARCH, first)
+    _, p2 = render(ARCH, second)
+    _, other = render(ARCH, _sub_agents()[1])
+    engine = make_engine(ARCH, anchors=ALL)
+    serve(engine, p1, key=0)
+    serve(engine, other, key=1)
+    store = engine.prefix.store
+    before = {cid: store.last_use(cid) for cid in store.ids()}
+    serve(engine, p2, key=2)
+    path = set()
+    node = engine.prefix.tree.match(p2[:-1]).node
+    while node is not None:
+        if node.checkpoint is not None and node.checkpoint in before:
+            path.add(node.checkpoint)
+        node = node.parent
+    assert len(path) >= 3
+    assert all(store.last_use(cid) > before[cid] for cid in path)
+    off_path = [cid for cid in before if cid not in path and cid in store.ids()]
+    assert off_path and all(store.last_use(cid) == before[cid] for cid in off_path)

@@ -159,3 +159,22 @@ def test_deep_chain_and_errors():
         pick_victim([], 2)
     with pytest.raises(ValueError, match="^keep_deepest must be >= 0, got -1$"):
         pick_victim([(0, chain[0], 0.0)], -1)
+
+
+def test_only_the_end_of_a_running_requests_lock_is_protected():
+    """A running request locks its whole path, but needs only the checkpoint its lock ends at
+    (its restore point or latest snapshot); the shallower ones on its path compete normally."""
+    root = Node()
+    a1, a2, a3 = grow(root, 10, 20, 30, checkpoints=[1, 2, 3])
+    (b1,) = grow(root, 50, checkpoints=[4])  # another thread, unlocked, gain 50
+    for node in (a1, a2, a3):
+        node.lock_ref = 1  # RadixTree.lock(a3) counts the node and every ancestor
+    # a1: locked but not the end of the lock, gain 10 < 50: it goes despite the lock
+    assert pick_victim([(1, a1, 5.0), (4, b1, 1.0)], keep_deepest=0) == 1
+    # a3: the end of the lock, protected although older and worth less
+    assert pick_victim([(3, a3, 0.0), (4, b1, 1.0)], keep_deepest=0) == 4
+    # a second request locked only to a2: a2 is now the end of that lock
+    a2.lock_ref += 1
+    a1.lock_ref += 1
+    assert pick_victim([(2, a2, 0.0), (4, b1, 1.0)], keep_deepest=0) == 4
+    assert pick_victim([(1, a1, 0.0), (4, b1, 1.0)], keep_deepest=0) == 1
