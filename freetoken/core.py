@@ -8,7 +8,7 @@ API/engine boundary.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 FinishReason = Literal["stop", "length", "abort", "error"]
 
@@ -53,11 +53,15 @@ class GenerationRequest:
         request_id: unique id (used for logs and abort).
         prompt_ids: the full rendered prompt as token ids (int, < vocab size).
         sampling: sampling and stopping parameters.
+        anchors: the block kinds that get recurrent-state checkpoints for this request (a
+            ``freetoken.prefix.anchors.AnchorPolicy``, chosen per session by a harness adapter);
+            None uses the server's ``--anchors``.
     """
 
     request_id: str
     prompt_ids: tuple[int, ...]
     sampling: SamplingParams
+    anchors: Any = None
 
 
 @dataclass(frozen=True)

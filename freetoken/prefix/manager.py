@@ -107,6 +107,7 @@ class _Seq:
     spare: list[int] = field(default_factory=list)   # unused slots of its last page
     node: RadixNode | None = None         # locked radix node
     boundaries: list[int] = field(default_factory=list)  # checkpoint positions still ahead
+    anchors: AnchorPolicy | None = None   # this request's anchor policy
 
 
 class PrefixCache:
@@ -138,7 +139,8 @@ class PrefixCache:
         self._seqs: dict[int, _Seq] = {}
 
     # ------------------------------------------------------------------ admission
-    def admit(self, key: int, token_ids: Sequence[int], num_prompt: int) -> Reuse:
+    def admit(self, key: int, token_ids: Sequence[int], num_prompt: int,
+              anchors: AnchorPolicy | None = None) -> Reuse:
         """Match ``token_ids`` (prompt + output known so far), lock the reused path and allocate
         KV slots for the rest of the prompt.
 
@@ -146,6 +148,8 @@ class PrefixCache:
             key: the request's engine key (must not be admitted already).
             token_ids: every known id of the request (at least one).
             num_prompt: how many of them are prompt ids (anchors are placed in the prompt).
+            anchors: this request's anchor policy (a harness adapter's, per session); None uses
+                the configured default.
 
         Returns:
             The reuse decision (at least one id is always left to compute, so the last
@@ -180,7 +184,8 @@ class PrefixCache:
         except OutOfPages:
             self._drop(key, seq)
             raise
-        seq.boundaries = self._boundaries(token_ids[:num_prompt], length)
+        seq.anchors = anchors or self.config.anchors
+        seq.boundaries = self._boundaries(token_ids[:num_prompt], length, seq.anchors)
         return Reuse(length, slots, cid, matched)
 
     def _touch_path(self, node: RadixNode) -> None:
@@ -191,10 +196,10 @@ class PrefixCache:
                 self.store.touch(node.checkpoint)
             node = node.parent
 
-    def _boundaries(self, prompt: Sequence[int], start: int) -> list[int]:
+    def _boundaries(self, prompt: Sequence[int], start: int,
+                    policy: AnchorPolicy) -> list[int]:
         if not self.hybrid:
             return []
-        policy = self.config.anchors
         marks = self.markers if self.markers is not None else AnchorMarkers.empty()
         positions = {a.position for a in find_anchors(prompt, marks, policy)}
         if AnchorKind.GENERATION_START in policy.kinds and len(prompt) >= 2:
@@ -218,10 +223,13 @@ class PrefixCache:
             out.append(seq.boundaries.pop(0))
         return tuple(out)
 
-    def wants_generation_end(self) -> bool:
-        """True when finished requests get a generation-end checkpoint (hybrid models) or their
-        last sampled token's KV (attention-only models)."""
-        return self.config.reuse and AnchorKind.GENERATION_END in self.config.anchors.kinds
+    def wants_generation_end(self, key: int | None = None) -> bool:
+        """True when finished request ``key`` (None: a request with the default policy) gets a
+        generation-end checkpoint (hybrid models) or its last sampled token's KV
+        (attention-only models)."""
+        seq = self._seqs.get(key) if key is not None else None
+        policy = seq.anchors if seq is not None else self.config.anchors
+        return self.config.reuse and AnchorKind.GENERATION_END in policy.kinds
 
     # ------------------------------------------------------------------ KV slots
     def _grow(self, seq: _Seq, n: int) -> None:

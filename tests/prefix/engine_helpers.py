@@ -91,12 +91,14 @@ def expected_reuse(arch: str, before: str, after: str) -> int:
     return len(tok.encode(before[:start]))
 
 
-def serve(engine: Engine, prompt: tuple[int, ...], key: int, max_tokens: int = 4
-          ) -> list[GenerationOutput]:
-    """Run one greedy request alone to completion; returns its chunks."""
+def serve(engine: Engine, prompt: tuple[int, ...], key: int, max_tokens: int = 4,
+          anchors=None) -> list[GenerationOutput]:
+    """Run one greedy request alone to completion (with its own anchor policy when given);
+    returns its chunks."""
     chunks: list[GenerationOutput] = []
     req = GenerationRequest(f"r{key}", prompt, SamplingParams(max_tokens=max_tokens,
-                                                              temperature=0.0, ignore_eos=True))
+                                                              temperature=0.0, ignore_eos=True),
+                            anchors=anchors)
     engine.add_request(key, req, chunks.append)
     while engine.step():
         pass

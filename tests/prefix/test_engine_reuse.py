@@ -182,3 +182,18 @@ def test_a_returning_request_refreshes_every_checkpoint_on_its_path() -> None:
     assert all(store.last_use(cid) > before[cid] for cid in path)
     off_path = [cid for cid in before if cid not in path and cid in store.ids()]
     assert off_path and all(store.last_use(cid) == before[cid] for cid in off_path)
+
+
+def test_a_request_can_bring_its_own_anchor_policy() -> None:
+    """The per-request policy (what a harness adapter will set per session) overrides the
+    server's: all anchors on a tail-only server place the tool-output checkpoint, and a request
+    asking for none gets no generation-end commit."""
+    first, second = _tool_output_replaced()
+    text1, p1 = render(ARCH, first)
+    text2, p2 = render(ARCH, second)
+    engine = make_engine(ARCH, anchors=TAIL_ONLY)
+    serve(engine, p1, key=0, anchors=ALL)
+    assert serve(engine, p2, key=1)[-1].cached_tokens == expected_reuse(ARCH, text1, text2)
+    saves = engine.prefix.store.stats()["saves"]
+    serve(engine, render(ARCH, _sub_agents()[1])[1], key=2, anchors=AnchorPolicy.none())
+    assert engine.prefix.store.stats()["saves"] == saves  # no anchors, no generation end
