@@ -26,7 +26,7 @@ from freetoken.engine.counters import CounterBook, EngineCounters
 from freetoken.engine.detokenizer import DetokenizerFactory
 from freetoken.engine.output import RequestOutputProcessor
 from freetoken.engine.request import EngineRequest, OutputSink
-from freetoken.engine.runner import ModelRunner
+from freetoken.engine.runner import ModelRunner, model_device
 from freetoken.engine.scheduler import Scheduler, SchedulerConfig
 from freetoken.engine.validate import validate_request
 from freetoken.models.base import CausalLM
@@ -35,12 +35,6 @@ from freetoken.tokenizer.tokenizer import Tokenizer
 
 logger = logging.getLogger("freetoken.engine")
 PREFIX_STATS_INTERVAL_S = 0.5
-
-
-def _device_of(model: CausalLM):
-    for tensor in (*model.parameters(), *model.buffers()):
-        return tensor.device
-    return None
 
 
 class Engine:
@@ -73,10 +67,9 @@ class Engine:
         self.info = info
         self.tokenizer = tokenizer
         self.cache_config = cache = cache or CacheConfig()
-        runner_device = device
         self.prefix = build_prefix_cache(model, tokenizer, info.max_model_len, cache,
-                                         device if device is not None else _device_of(model))
-        self.runner = ModelRunner(model, runner_device, sampleable_vocab=tokenizer.vocab_size,
+                                         device if device is not None else model_device(model))
+        self.runner = ModelRunner(model, device, sampleable_vocab=tokenizer.vocab_size,
                                   routing_recorder=routing_recorder, prefix=self.prefix)
         self.scheduler = Scheduler(
             SchedulerConfig(info.max_model_len, max_num_batched_tokens,

@@ -331,7 +331,6 @@ class Scheduler:
         prefix = self.prefix
         if prefix is None or not was_running:
             return req
-        ids = req.token_slice(0, req.num_tokens)
         if (reason in ("stop", "length") and keep_state and prefix.wants_generation_end(key)
                 and req.output_ids and req.num_computed_tokens == req.num_tokens - 1):
             self.committing.append(req)
@@ -339,6 +338,6 @@ class Scheduler:
         # a tail checkpoint of the live state: after an abort (the client may retry), or at a
         # normal finish only when the anchor policy asks for generation-end checkpoints
         tail = keep_state and (reason not in ("stop", "length") or prefix.wants_generation_end(key))
-        prefix.release(key, ids, req.num_computed_tokens,
+        prefix.release(key, req.token_slice(0, req.num_tokens), req.num_computed_tokens,
                        self._state_tensors(key) if tail else None)
         return req
