@@ -4,7 +4,7 @@ recurrent-state checkpoint policies and capacities.
 Every trace of ../shared/traces (one conversation, or one Claude Code session with its main
 thread, Task sub-agents and side calls interleaved in recorded order; see ``prefix_traces``) is
 served by a fresh ``freetoken.engine.engine.Engine``, one request at a time in recorded order,
-each to completion, after the harness's edits (``prefix_edits``). The scheduler, radix tree,
+each to completion, after the harness's edits (``harness_adapters``). The scheduler, radix tree,
 checkpoint store and retention are the real ones; the model is ``prefix_null_model.ScriptedLM``,
 which emits the recorded reply (as the next request of a tool loop re-renders it) so the
 generation-end checkpoint is exercised, and checks every restored state (a wrong checkpoint

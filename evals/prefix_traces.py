@@ -16,8 +16,9 @@ Loading: one :class:`Thread` per ``.jsonl`` file (one model call per line, forma
 Rendering (:class:`Renderer`): as the FreeToken server renders the request: Anthropic calls
 through ``freetoken.server.messages.from_anthropic`` (thinking off unless requested, as
 ``/v1/messages`` does), OpenAI calls through ``from_openai`` (template default: thinking on), the
-project's chat template and the checkpoint's tokenizer; harness edits of ``prefix_edits`` per
-group :class:`Variant`. The scripted reply is the recorded response rendered as the last
+project's chat template and the checkpoint's tokenizer; harness edits of ``harness_adapters``
+per group :class:`Variant` (Anthropic histories go through the Claude Code adapter's
+``normalize``, which removes the attribution line: that line alone makes the server pick it). The scripted reply is the recorded response rendered as the last
 assistant turn (what the next request of a tool loop re-renders), up to its ``<|im_end|>``.
 """
 
@@ -38,12 +39,12 @@ from freetoken.server.openai_protocol import ChatCompletionRequest, ChatMessage
 from freetoken.server.prompt import render_prompt
 from freetoken.server.tools import anthropic_tools, openai_tools
 from freetoken.tokenizer.tokenizer import Tokenizer
-
-from evals.prefix_edits import (
-    elide_old_observations, strip_attribution_line, strip_reasoning_openclaw,
-)
+from harness_adapters import get_adapter
 
 IM_END = "<|im_end|>"
+CLAUDE_CODE = get_adapter("claude_code")
+OPENCLAW = get_adapter("openclaw")
+SWE_AGENT = get_adapter("swe_agent")
 
 
 @dataclass(frozen=True)
@@ -249,9 +250,9 @@ def template_request(call: TraceCall) -> tuple[list[dict], list[dict] | None, bo
         if msgs[0].get("role") == "system":
             system, msgs = msgs[0].get("content"), msgs[1:]
         req = MessagesRequest.model_validate(
-            {"system": strip_attribution_line(system), "messages": msgs, "tools": call.tools})
-        return from_anthropic(req.system, req.messages), anthropic_tools(req).tools, \
-            enable_thinking(req)
+            {"system": system, "messages": msgs, "tools": call.tools})
+        return CLAUDE_CODE.normalize(from_anthropic(req.system, req.messages)), \
+            anthropic_tools(req).tools, enable_thinking(req)
     req = ChatCompletionRequest.model_validate(
         {"messages": [_openai_message(m) for m in call.messages], "tools": call.tools})
     return from_openai(req.messages), openai_tools(req).tools, None
@@ -313,10 +314,10 @@ class Renderer:
         msgs, tools, thinking = template_request(call)
         resp = template_response(call)
         if variant.elide_observations:
-            msgs = elide_old_observations(msgs, variant.elide_observations)
+            msgs = SWE_AGENT.simulate_edits(msgs, n=variant.elide_observations)
         if variant.synthetic_thinking:
             thinking = True
-            msgs = strip_reasoning_openclaw([_with_reasoning(m) for m in msgs])
+            msgs = OPENCLAW.simulate_edits([_with_reasoning(m) for m in msgs])
             resp = _with_reasoning(resp) if resp is not None else None
         prompt = render_prompt(self.template, self.tok, msgs, tools, thinking)
         if resp is None:

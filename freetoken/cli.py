@@ -1,4 +1,4 @@
-"""The ``freetoken`` command line: ``serve``, ``make-tiny`` and ``ctl``."""
+"""The ``freetoken`` command line: ``serve``, ``make-tiny``, ``ctl`` and ``launch``."""
 
 from __future__ import annotations
 
@@ -38,6 +38,10 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-model-len", type=_int_at_least(2), default=None,
                    help="context length in tokens (default: the config's max_position_embeddings)")
     p.add_argument("--api-key", default=None, help="require this key (Bearer or x-api-key)")
+    p.add_argument("--session-idle-timeout", type=_int_at_least(1), default=3600, metavar="S",
+                   help="seconds after which an idle harness session expires (default 3600)")
+    p.add_argument("--max-sessions", type=_int_at_least(1), default=1024,
+                   help="most harness sessions kept (least recently used dropped; default 1024)")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
                    help="compute dtype (default float32)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
@@ -177,20 +181,42 @@ def _add_ctl(sub: argparse._SubParsersAction) -> None:
                        help="the server's API key (default $FREETOKEN_API_KEY)")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argparse tree of every ``freetoken`` sub-command."""
+def _add_launch(sub: argparse._SubParsersAction) -> None:
+    from freetoken.agents.launch import add_launch_parser
+
+    add_launch_parser(sub)
+
+
+_LIGHT_COMMANDS = {"ctl": _add_ctl, "launch": _add_launch}
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The argparse tree of every ``freetoken`` sub-command, or of just ``command`` when it is
+    one of the light ones (``ctl``, ``launch``): the others read their defaults from modules that
+    import torch, which costs seconds of start-up."""
     parser = argparse.ArgumentParser(prog="freetoken", description="FreeToken MoE serving engine")
     sub = parser.add_subparsers(dest="command", required=True)
+    if command in _LIGHT_COMMANDS:
+        _LIGHT_COMMANDS[command](sub)
+        return parser
     _add_serve(sub)
     _add_make_tiny(sub)
     _add_ctl(sub)
     _add_profile(sub)
+    _add_launch(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``freetoken`` console script; returns the process exit status."""
-    args = build_parser().parse_args(argv)
+    from freetoken.agents.launch import split_agent_args
+
+    argv, agent_args = split_agent_args(sys.argv[1:] if argv is None else argv)
+    args = build_parser(argv[0] if argv else None).parse_args(argv)
+    if args.command == "launch":
+        from freetoken.agents.launch import run_launch
+
+        return run_launch(args, agent_args)
     if args.command == "serve":
         from freetoken.launch import serve
 

@@ -31,6 +31,8 @@ class SamplingParams:
             alternatives per generated token.
         length_capped: True when the server's output cap lowered the request's own limit, so
             a ``length`` finish reflects the cap (reported honestly as ``length``).
+        grammar: a ``freetoken.constrain.ToolCallGrammar`` (forced tool call: ``tool_choice``
+            required / named / any / tool) that every sampled token must follow, or None.
     """
 
     max_tokens: int = 256
@@ -43,6 +45,7 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None
     length_capped: bool = False
+    grammar: Any = None
 
 
 @dataclass(frozen=True)

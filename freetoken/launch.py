@@ -20,6 +20,9 @@ ENDPOINTS = (
     ("GET", "/metrics", "Prometheus metrics"),
     ("GET", "/v1/freetoken/memory", "expert cache size"),
     ("POST", "/v1/freetoken/memory", "resize the expert cache"),
+    ("POST", "/v1/sessions", "create a harness session"),
+    ("GET", "/v1/sessions", "harness sessions and their prefix reuse"),
+    ("GET", "/openapi.json", "OpenAPI schema"),
 )
 
 
@@ -192,7 +195,9 @@ def serve(args: argparse.Namespace) -> int:
         path = resolve_model(args.model)
         name = args.served_model_name or path.name
         config = ServerConfig(served_model_name=name, max_output_tokens=args.max_output_tokens,
-                              api_key=args.api_key)
+                              api_key=args.api_key,
+                              session_idle_timeout_s=float(args.session_idle_timeout),
+                              max_sessions=args.max_sessions)
     except (FileNotFoundError, ValueError) as exc:
         _say(f"error: {exc}")
         return 2

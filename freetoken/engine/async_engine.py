@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import itertools
 import logging
 import queue
@@ -92,6 +93,11 @@ class AsyncEngine(EngineClient):
             model, tokenizer, info, max_num_batched_tokens=max_num_batched_tokens, device=device,
             routing_recorder=routing_recorder, cache=cache,
         )
+        prefix = self._engine.prefix
+        if prefix is not None and prefix.pool.num_slots < info.max_model_len:
+            # a request must fit the KV pool whole: advertise that as the context length, so the
+            # server answers an over-long prompt with its usual 400 (context_length_exceeded)
+            self.info = dataclasses.replace(info, max_model_len=prefix.pool.num_slots)
         self._inbox: queue.SimpleQueue[tuple] = queue.SimpleQueue()
         self._keys = itertools.count()
         self._lock = threading.Lock()
@@ -212,6 +218,18 @@ class AsyncEngine(EngineClient):
         if not self._post(("call", fn, future)):
             raise EngineDeadError(self._failure or "the engine is shut down")
         return await asyncio.wrap_future(future)
+
+    async def prefix_path_stats(self, token_ids: tuple[int, ...]) -> dict[str, int] | None:
+        """The prefix cache's view of ``token_ids`` (read on the loop thread between steps);
+        None with ``--no-prefix-reuse``.
+
+        Raises:
+            EngineDeadError: the loop has died or the engine is shut down.
+        """
+        prefix = self._engine.prefix
+        if prefix is None:
+            return None
+        return await self.run_between_steps(lambda: prefix.path_stats(token_ids))
 
     def counters(self) -> EngineCounters:
         """Request and token counters (read without waiting for the loop)."""

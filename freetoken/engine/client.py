@@ -67,6 +67,16 @@ class EngineClient(ABC):
         """
         return fn()
 
+    async def prefix_path_stats(self, token_ids: tuple[int, ...]) -> dict[str, int] | None:
+        """How much of ``token_ids`` the prefix cache holds now (``cached_tokens``,
+        ``checkpoints``: see ``PrefixCache.path_stats``); None without a prefix cache (this
+        default).
+
+        Raises:
+            EngineDeadError: the engine loop is dead.
+        """
+        return None
+
     def counters(self) -> EngineCounters:
         """Request and token counters for ``/metrics`` (this default: all zero)."""
         return EngineCounters()

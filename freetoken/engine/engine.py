@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import time
 
+from freetoken.constrain.matcher import GrammarCompiler
 from freetoken.core import EngineInfo, FinishReason, GenerationOutput, GenerationRequest
 from freetoken.engine.batch import ForwardOutput, SeqWork
 from freetoken.engine.counters import CounterBook, EngineCounters
@@ -77,6 +78,7 @@ class Engine:
             self.prefix, self.runner.recurrent_tensors,
         )
         self._detokenizers = DetokenizerFactory(tokenizer)
+        self._grammars = GrammarCompiler(tokenizer, info.eos_token_ids)
         self._processors: dict[int, RequestOutputProcessor] = {}
         self._book = CounterBook()
         self._stats_at = 0.0
@@ -92,11 +94,15 @@ class Engine:
         """Queue ``request`` under the engine-unique ``key``; chunks go to ``sink``.
 
         Raises:
-            ValueError: invalid request (see ``validate_request``) or ``key`` already in use.
+            ValueError: invalid request (see ``validate_request``), ``key`` already in use, or a
+                ``sampling.grammar`` that does not compile (``GrammarError``).
         """
         validate_request(request, self.info)
         if key in self._processors:
             raise ValueError(f"request key {key} is already in use")
+        grammar = request.sampling.grammar
+        if grammar is not None:
+            self.runner.constraints[key] = self._grammars.matcher(grammar)
         req = EngineRequest(key, request, sink)
         if arrival_time is not None:
             req.arrival_time = arrival_time
@@ -195,6 +201,7 @@ class Engine:
     def _retire(self, key: int, reason: FinishReason, keep_state: bool = True,
                 scheduled: bool = True) -> None:
         processor = self._processors.pop(key)
+        self.runner.constraints.pop(key, None)
         committing = False
         if scheduled:
             self.scheduler.finish(key, reason, keep_state)

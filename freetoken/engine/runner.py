@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from freetoken.constrain.spec import GrammarError
 from freetoken.engine.batch import ForwardOutput, ScheduledBatch, SeqWork
 from freetoken.engine.sampler import make_generator, sample
 from freetoken.models.base import CausalLM, SequenceState
@@ -78,6 +79,9 @@ class ModelRunner:
         self.sampleable_vocab = sampleable_vocab
         self.prefix = prefix
         self._slots: dict[int, _Slot] = {}
+        # request key -> freetoken.constrain.matcher.ToolCallMatcher, set and removed by the
+        # engine (kept across preemption: it tracks the output ids, which survive it)
+        self.constraints: dict[int, object] = {}
 
     @property
     def num_live_states(self) -> int:
@@ -90,7 +94,9 @@ class ModelRunner:
         Returns:
             One output per entry, in order: the sampled token (and logprobs), nothing for a
             non-final prefill chunk, or the error message when the model or sampler raised
-            (then every entry of the step fails and their states are dropped).
+            (then every entry of the step fails and their states are dropped). A request with a
+            grammar (``constraints``) samples only what its grammar allows; a grammar failure
+            is that entry's error alone.
         """
         try:
             with torch.inference_mode():
@@ -179,7 +185,15 @@ class ModelRunner:
             last = logits[row]  # [V]
             if self.sampleable_vocab is not None and self.sampleable_vocab < last.shape[-1]:
                 last = last[: self.sampleable_vocab]
-            picked = sample(last, work.sampling, slot.generator)
+            matcher = self.constraints.get(work.request_key) if self.constraints else None
+            if matcher is None:
+                picked = sample(last, work.sampling, slot.generator)
+            else:
+                try:  # grammar-constrained: mask, sample, advance the matcher
+                    picked = matcher.sample(last, work.sampling, slot.generator)
+                except GrammarError as exc:  # ends this request only
+                    outputs.append(ForwardOutput(work.request_key, error=str(exc)))
+                    continue
             outputs.append(ForwardOutput(work.request_key, picked.token_id, picked.logprob,
                                          picked.top, snapshots=snaps))
         return outputs

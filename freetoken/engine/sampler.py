@@ -100,7 +100,8 @@ def apply_top_p(logits: torch.Tensor, p: float) -> torch.Tensor:
 
 
 def sample(
-    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
+    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None,
+    allowed: torch.Tensor | None = None,
 ) -> SampledToken:
     """Pick the next token from one position's logits.
 
@@ -113,6 +114,9 @@ def sample(
             math runs in float32).
         params: temperature / top_k / top_p / logprobs of the request.
         generator: the request's generator (needed unless greedy), on ``logits.device``.
+        allowed: ``[V]`` bool, the only ids that may be picked (grammar-constrained decoding,
+            ``freetoken.constrain``): the others' logits are set to ``-inf`` before the
+            temperature / top-k / top-p chain; logprobs stay those of the raw logits.
 
     Returns:
         The sampled token with raw logprobs when ``params.logprobs`` is not None.
@@ -126,12 +130,13 @@ def sample(
     if logits.dim() != 1:
         raise ValueError(f"expected [V] or [1, V] logits, got shape {tuple(logits.shape)}")
     logits = logits.float()
+    pick = logits if allowed is None else logits.masked_fill(~allowed, float("-inf"))
     if params.temperature < GREEDY_TEMPERATURE:
-        token = int(torch.argmax(logits).item())
+        token = int(torch.argmax(pick).item())
     else:
         if generator is None:
             raise ValueError("sampling with temperature > 0 needs a torch.Generator")
-        scaled = apply_top_p(apply_top_k(logits / params.temperature, params.top_k), params.top_p)
+        scaled = apply_top_p(apply_top_k(pick / params.temperature, params.top_k), params.top_p)
         probs = torch.softmax(scaled, dim=-1)  # [V]
         token = int(torch.multinomial(probs, 1, generator=generator).item())
     if params.logprobs is None:

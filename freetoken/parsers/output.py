@@ -19,7 +19,8 @@ complete (at its closing tag). Coalesced events
 (:func:`coalesce`) do not depend on how the output was chunked.
 
 Malformed markup never raises: a call that cannot be parsed is returned as plain text with its
-tags; stray ``</think>`` and ``</tool_call>`` tags are dropped. With ``parse_tools=False`` tool
+tags; a lone surrogate escape (``"\\ud83d"``) in a call's JSON becomes U+FFFD; stray
+``</think>`` and ``</tool_call>`` tags are dropped. With ``parse_tools=False`` tool
 markup is ordinary text. At :meth:`OutputParser.finish`, a cut-off tag prefix of two characters
 or more at the very end (``"</"``, ``"<tool_"``) is dropped; a call that is complete except for
 its closing tags is still parsed.
@@ -34,7 +35,7 @@ import re
 
 from freetoken.parsers.events import ParserEvent, ReasoningDelta, TextDelta, ToolCallEvent, coalesce
 from freetoken.parsers.schema import tool_parameter_schemas
-from freetoken.parsers.toolcall import FUNC_OPEN, TOOL_CLOSE, TOOL_OPEN, CallScanner
+from freetoken.parsers.toolcall import FUNC_OPEN, TOOL_CLOSE, TOOL_OPEN, CallScanner, scrub_surrogates
 
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
@@ -198,8 +199,8 @@ class OutputParser:
             step_consumed, call = step.consumed, step.call
         raw, self._buf = self._buf[:step_consumed], self._buf[step_consumed:]
         if call is not None:
-            arguments = json.dumps(call.arguments, ensure_ascii=False)
-            out.append(ToolCallEvent(self._calls, call.name, arguments))
+            arguments = json.dumps(scrub_surrogates(call.arguments), ensure_ascii=False)
+            out.append(ToolCallEvent(self._calls, scrub_surrogates(call.name), arguments))
             self._calls += 1
             self._strip_nl = True
         else:

@@ -12,6 +12,13 @@ is text; the declared JSON-schema type decides what it becomes in the arguments 
 * an undeclared parameter or an unknown tool: the raw string.
 
 Non-string values are parsed from the text with surrounding whitespace removed.
+
+In the JSON call form the model already chose JSON types, and :func:`coerce_json_argument` only
+repairs a value whose type the schema does not allow: a string holding a number, boolean, null,
+object or array the schema asks for is parsed (``"5"`` → 5, ``"true"`` → true, ``'{"a": 1}'`` →
+an object), and a number or boolean given for a string-only field becomes its JSON text
+(``3106`` → ``"3106"``). Strings the schema allows, values with no schema and values that do not
+parse are kept as written.
 """
 
 from __future__ import annotations
@@ -123,3 +130,38 @@ def coerce_parameter(raw: str, schema: dict | None) -> Any:
             if value is not _FAIL:
                 return value
     return raw
+
+
+def _json_kinds(value: Any) -> set[str]:
+    """JSON-schema type names a decoded JSON value satisfies."""
+    if value is None:
+        return {"null"}
+    if isinstance(value, bool):
+        return {"boolean"}
+    if isinstance(value, int):
+        return {"integer", "number"}
+    if isinstance(value, float):
+        return {"number"}
+    if isinstance(value, str):
+        return {"string"}
+    return {"object"} if isinstance(value, dict) else {"array"}
+
+
+def coerce_json_argument(value: Any, schema: dict | None) -> Any:
+    """One top-level argument value of a JSON-form call, typed by its schema (rules in the module
+    docstring).
+
+    Args:
+        value: the decoded JSON value the model wrote.
+        schema: the parameter's JSON schema, or None when the tool or the parameter is unknown.
+    """
+    if schema is None:
+        return value
+    types = _schema_types(schema)
+    if not types or _json_kinds(value) & types:
+        return value
+    if isinstance(value, str):
+        return coerce_parameter(value, schema)
+    if "string" in types and isinstance(value, (bool, int, float)):
+        return json.dumps(value)
+    return value

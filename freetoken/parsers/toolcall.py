@@ -8,7 +8,10 @@ Two call forms are accepted whatever the model (the form is detected from the fi
 
   The call ends at the first ``</tool_call>`` that is outside a JSON string, so string values may
   contain the closing tag. ``"arguments"`` may also be a JSON-object string or be named
-  ``"parameters"``.
+  ``"parameters"``. Surplus closing braces before ``</tool_call>`` are ignored and one or two
+  missing ones are supplied (:func:`parse_json_call`); a known tool's top-level argument values
+  are typed by its schema (:func:`freetoken.parsers.schema.coerce_json_argument`: ``"5"`` for an
+  integer becomes 5, a string field keeps ``"03106"``).
 * XML (Qwen3.5 / Qwen3-Coder), wrapped in ``<tool_call>`` or bare::
 
       <tool_call>\\n<function=NAME>\\n<parameter=ARG>\\nVALUE\\n</parameter>\\n</function>\\n</tool_call>
@@ -33,7 +36,7 @@ import json
 import re
 from dataclasses import dataclass
 
-from freetoken.parsers.schema import coerce_parameter
+from freetoken.parsers.schema import coerce_json_argument, coerce_parameter
 
 TOOL_OPEN = "<tool_call>"
 TOOL_CLOSE = "</tool_call>"
@@ -44,6 +47,25 @@ PARAM_CLOSE = "</parameter>"
 _NAME_LIMIT = 256
 _IN_STRING = re.compile(r'["\\]')
 _OUT_STRING = re.compile(r'["<]')
+
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def scrub_surrogates(value: object) -> object:
+    """``value`` (decoded JSON) with every lone UTF-16 surrogate in its strings and keys replaced
+    by U+FFFD.
+
+    ``json.loads`` turns a ``\\ud83d`` escape without its pair into a lone surrogate, which no
+    UTF-8 response can carry; a model that cut an emoji escape in half must not break the reply.
+    """
+    if isinstance(value, str):
+        return _LONE_SURROGATE.sub("\ufffd", value)
+    if isinstance(value, dict):
+        return {scrub_surrogates(k): scrub_surrogates(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [scrub_surrogates(v) for v in value]
+    return value
 
 
 @dataclass(frozen=True)
@@ -89,14 +111,51 @@ def _no_constants(name: str) -> object:
     raise ValueError(f"{name} is not a JSON value")
 
 
-def parse_json_call(body: str) -> ParsedCall | None:
+def _load_call_object(text: str, closed: bool) -> object:
+    """``json.loads`` of a call body, forgiving two slips models make at its end.
+
+    * surplus closing braces (``{"name": "f", "arguments": {}}}``): the first JSON value is kept
+      when nothing but ``}`` and whitespace follows it;
+    * when ``closed`` (the model wrote ``</tool_call>`` itself), one or two missing closing
+      braces (``{"name": "f", "arguments": {"a": 1}``). An output cut off before its closing tag
+      gets no such repair: its arguments may be incomplete.
+
+    Raises:
+        ValueError: not valid JSON even after these repairs.
+    """
+    decoder = json.JSONDecoder(strict=False, parse_constant=_no_constants)
+    try:
+        value, end = decoder.raw_decode(text)
+    except ValueError:
+        if closed:
+            for extra in ("}", "}}"):
+                try:
+                    return decoder.decode(text + extra)
+                except ValueError:
+                    continue
+        raise
+    if text[end:].replace("}", "").strip():
+        raise ValueError("extra data after the call object")
+    return value
+
+
+def parse_json_call(
+    body: str, schemas: dict[str, dict[str, dict]] | None = None, *, closed: bool = True
+) -> ParsedCall | None:
     """Parse ``{"name": …, "arguments": {…}}``; None when it is not a valid call object.
 
     Raw control characters inside JSON strings are accepted (models write literal newlines in
-    code); ``NaN``/``Infinity`` are not.
+    code); ``NaN``/``Infinity`` are not. Surplus closing braces at the end are ignored, and when
+    ``closed`` (the body ended at ``</tool_call>``) one or two missing ones are supplied.
+
+    Args:
+        body: the text between ``<tool_call>`` and ``</tool_call>`` (or the end of output).
+        schemas: tool name → JSON-schema ``properties``; a known tool's top-level argument
+            values are typed by :func:`freetoken.parsers.schema.coerce_json_argument`.
+        closed: the body was terminated by ``</tool_call>``.
     """
     try:
-        obj = json.loads(body.strip(), strict=False, parse_constant=_no_constants)
+        obj = _load_call_object(body.strip(), closed)
     except ValueError:
         return None
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
@@ -109,16 +168,22 @@ def parse_json_call(body: str) -> ParsedCall | None:
             args = json.loads(args, strict=False, parse_constant=_no_constants)
         except ValueError:
             return None
-    return ParsedCall(obj["name"], args) if isinstance(args, dict) else None
+    if not isinstance(args, dict):
+        return None
+    props = (schemas or {}).get(obj["name"])
+    if props:
+        args = {key: coerce_json_argument(value, props.get(key)) for key, value in args.items()}
+    return ParsedCall(obj["name"], args)
 
 
 class _JsonScan:
     """Finds the ``</tool_call>`` that ends a JSON call body starting at ``start``."""
 
-    def __init__(self, start: int) -> None:
+    def __init__(self, start: int, schemas: dict[str, dict[str, dict]]) -> None:
         self.start = start
         self.pos = start
         self.in_string = False
+        self.schemas = schemas
 
     def advance(self, buf: str, final: bool) -> Step | None:
         n, p = len(buf), self.pos
@@ -142,7 +207,8 @@ class _JsonScan:
                 self.in_string, p = True, m.end()
             elif buf.startswith(TOOL_CLOSE, m.start()):
                 end = m.start()
-                return Step(end + len(TOOL_CLOSE), parse_json_call(buf[self.start : end]))
+                call = parse_json_call(buf[self.start : end], self.schemas)
+                return Step(end + len(TOOL_CLOSE), call)
             elif _is_partial(buf, m.start(), (TOOL_CLOSE,)):
                 p = m.start()
                 break
@@ -153,7 +219,7 @@ class _JsonScan:
             return None
         if self.in_string:
             return Step(n, None)
-        return Step(n, parse_json_call(buf[self.start : p]))
+        return Step(n, parse_json_call(buf[self.start : p], self.schemas, closed=False))
 
 
 class _XmlScan:
@@ -278,7 +344,7 @@ class CallScanner:
         if self._bad_from is None and self._inner is None:
             i = _skip_ws(buf, 0)
             if buf.startswith("{", i):
-                self._inner = _JsonScan(i)
+                self._inner = _JsonScan(i, self._schemas)
             elif buf.startswith(FUNC_OPEN, i):
                 self._inner = _XmlScan(i, self._schemas, True)
             elif i == len(buf) or _is_partial(buf, i, (FUNC_OPEN,)):

@@ -312,6 +312,20 @@ class PrefixCache:
         self.pool.release_pages(seq.pages)
         del self._seqs[key]
 
+    def path_stats(self, token_ids: Sequence[int]) -> dict[str, int]:
+        """How much of ``token_ids`` the cache holds now, without touching it.
+
+        Returns:
+            ``cached_tokens`` (longest prefix in the radix tree, tokens) and ``checkpoints``
+            (recurrent-state checkpoints held on that path).
+
+        Raises:
+            TypeError, ValueError: bad token ids.
+        """
+        depth, path = self.tree.peek(token_ids)
+        return {"cached_tokens": depth,
+                "checkpoints": sum(1 for node in path if node.checkpoint is not None)}
+
     @property
     def num_requests(self) -> int:
         """Requests currently holding pages or locks."""

@@ -170,6 +170,31 @@ class RadixTree:
         slots = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
         return PrefixMatch(pos, slots, node)
 
+    def peek(self, tokens: Sequence[int]) -> tuple[int, list[RadixNode]]:
+        """Longest cached prefix of ``tokens`` without changing the tree (no edge split, no
+        ``last_access`` refresh): for reporting.
+
+        Returns:
+            (matched length in tokens, the nodes on the path whose edge is fully matched, root
+            excluded, shallowest first).
+
+        Raises:
+            TypeError, ValueError: bad token ids (:func:`as_token_array`).
+        """
+        ids = as_token_array(tokens)
+        node, pos, path = self.root, 0, []
+        while pos < ids.size:
+            child = node.children.get(int(ids[pos]))
+            if child is None:
+                break
+            n = _common_len(child._tokens, ids[pos:])
+            pos += n
+            if n < child._tokens.size:
+                break
+            path.append(child)
+            node = child
+        return pos, path
+
     def node_at(self, tokens: Sequence[int], depth: int) -> RadixNode | None:
         """The node of depth ``depth`` on the path of ``tokens`` (an edge is split if needed).
 

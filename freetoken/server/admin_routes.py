@@ -116,7 +116,8 @@ def admin_router(ctx: ServerContext) -> APIRouter:
                 stats = await engine.run_between_steps(engine.moe.stats)
             except EngineDeadError:
                 healthy = False
-        text = render_metrics(engine.counters(), stats, healthy=healthy)
+        text = render_metrics(engine.counters(), stats, healthy=healthy,
+                              sessions=ctx.sessions.metrics())
         return Response(text, media_type=CONTENT_TYPE)
 
     @router.get("/v1/freetoken/memory")

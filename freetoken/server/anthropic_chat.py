@@ -21,7 +21,6 @@ from freetoken.server.errors import APIError, anthropic_error_body
 from freetoken.server.generation import (
     EngineFailure,
     Finish,
-    chat_events,
     close_quietly,
 )
 from freetoken.server.ids import message_id
@@ -29,6 +28,7 @@ from freetoken.server.messages import from_anthropic
 from freetoken.server.prompt import Prompt
 from freetoken.server.sampling import build_sampling, stop_strings
 from freetoken.server.streaming import named_event
+from freetoken.server.sessions import HarnessBinding
 from freetoken.server.tools import ToolPolicy, anthropic_tools
 
 log = logging.getLogger("freetoken.server")
@@ -40,18 +40,25 @@ def enable_thinking(req: CountTokensRequest) -> bool:
     return req.thinking is not None and req.thinking.type != "disabled"
 
 
-def render_request(ctx: ServerContext, req: CountTokensRequest) -> tuple[Prompt, ToolPolicy]:
+def render_request(
+    ctx: ServerContext, req: CountTokensRequest, binding: HarnessBinding | None = None
+) -> tuple[Prompt, ToolPolicy]:
     """Render a Messages (or count_tokens) request; returns the prompt and its tool policy.
+    ``binding`` (the request's harness session) normalises the messages before templating.
 
     Raises:
         APIError: 400 for bad blocks, tools or template errors.
     """
     policy = anthropic_tools(req)
     messages = from_anthropic(req.system, req.messages)
+    if binding is not None:
+        messages = binding.adapter.normalize(messages)
     return ctx.render(messages, policy, enable_thinking(req)), policy
 
 
-def prepare_messages(ctx: ServerContext, req: MessagesRequest) -> ChatJob:
+def prepare_messages(
+    ctx: ServerContext, req: MessagesRequest, binding: HarnessBinding | None = None
+) -> ChatJob:
     """Validate, render and tokenize a Messages request and clamp its sampling parameters.
 
     Raises:
@@ -59,7 +66,7 @@ def prepare_messages(ctx: ServerContext, req: MessagesRequest) -> ChatJob:
             maximum``.
     """
     stop = stop_strings(req.stop_sequences, "stop_sequences")
-    prompt, policy = render_request(ctx, req)
+    prompt, policy = render_request(ctx, req, binding)
     ctx.check_context(len(prompt.token_ids), "anthropic", "messages")
     sampling = build_sampling(
         config=ctx.config,
@@ -73,7 +80,10 @@ def prepare_messages(ctx: ServerContext, req: MessagesRequest) -> ChatJob:
         stop=stop,
         ignore_eos=req.ignore_eos,
     )
-    return ChatJob(message_id(), ctx.model_name(req.model), now(), prompt, sampling, policy)
+    sampling = policy.constrain(sampling, ctx.template, prompt.in_reasoning)
+    return ChatJob(
+        message_id(), ctx.model_name(req.model), now(), prompt, sampling, policy, binding
+    )
 
 
 def stop_fields(fin: Finish, num_tool_uses: int) -> tuple[str, str | None]:
@@ -122,7 +132,7 @@ async def complete_message(ctx: ServerContext, job: ChatJob) -> dict:
     """
     builder = BlockBuilder()
     fin: Finish | None = None
-    async for event in chat_events(ctx.engine, job.engine_request(), ctx.new_parser(job)):
+    async for event in ctx.events(job):
         if isinstance(event, Finish):
             fin = event
         else:
@@ -142,7 +152,7 @@ async def stream_message(ctx: ServerContext, job: ChatJob) -> AsyncIterator[Serv
         "cache_creation_input_tokens": 0,
         "cache_read_input_tokens": 0,
     }
-    events = chat_events(ctx.engine, job.engine_request(), ctx.new_parser(job))
+    events = ctx.events(job)
     builder = BlockBuilder()
     try:
         yield named_event(

@@ -19,8 +19,9 @@ from freetoken.server.anthropic_chat import (
     stream_message,
 )
 from freetoken.server.anthropic_protocol import CountTokensRequest, MessagesRequest
-from freetoken.server.context import ServerContext, parse_body
+from freetoken.server.context import ServerContext, read_body
 from freetoken.server.responses import json_result
+from freetoken.server.sessions import request_info
 from freetoken.server.streaming import anthropic_ping, sse_response
 
 
@@ -31,9 +32,10 @@ def anthropic_router(ctx: ServerContext) -> APIRouter:
     @router.post("/v1/messages")
     async def messages(request: Request) -> Response:
         """Create a message (``stream: true`` → SSE events)."""
-        req = await parse_body(request, MessagesRequest)
+        req, body = await read_body(request, MessagesRequest)
         ctx.check_healthy()
-        job = await run_in_threadpool(prepare_messages, ctx, req)
+        binding = ctx.sessions.bind(request_info(request, "anthropic", body))
+        job = await run_in_threadpool(prepare_messages, ctx, req, binding)
         if req.stream:
             return sse_response(
                 stream_message(ctx, job), ctx.config.ping_interval_s, anthropic_ping
@@ -43,8 +45,9 @@ def anthropic_router(ctx: ServerContext) -> APIRouter:
     @router.post("/v1/messages/count_tokens")
     async def count_tokens(request: Request) -> Response:
         """``{"input_tokens": N}``: tokens of the rendered prompt (nothing is generated)."""
-        req = await parse_body(request, CountTokensRequest)
-        prompt, _ = await run_in_threadpool(render_request, ctx, req)
+        req, body = await read_body(request, CountTokensRequest)
+        binding = ctx.sessions.bind(request_info(request, "anthropic", body))
+        prompt, _ = await run_in_threadpool(render_request, ctx, req, binding)
         return JSONResponse({"input_tokens": len(prompt.token_ids)})
 
     return router

@@ -7,6 +7,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from freetoken import __version__
 from freetoken.engine.client import EngineClient
 from freetoken.server.admin_routes import admin_router
 from freetoken.server.anthropic_routes import anthropic_router
@@ -16,6 +17,17 @@ from freetoken.server.errors import APIError, api_for_path, error_response
 from freetoken.server.middleware import ErrorNetMiddleware, GuardMiddleware
 from freetoken.server.openai_routes import openai_router
 from freetoken.server.prompt import ParserFactory, PromptTemplate
+from freetoken.server.session_routes import session_router
+from freetoken.server.sessions import SessionStore
+
+API_DESCRIPTION = (
+    "OpenAI- and Anthropic-compatible serving of Mixture-of-Experts checkpoints for coding agents. "
+    "Every chat request is served by a harness adapter (Claude Code, OpenCode, OpenClaw, "
+    "SWE-agent, mini-swe-agent, or generic), chosen by the `X-FreeToken-Session` header (a "
+    "session made with `POST /v1/sessions`), the `X-FreeToken-Harness` header, or detection "
+    "from the request; the adapter sets where recurrent-state checkpoints go and normalises "
+    "known prefix busters. `GET /v1/sessions` reports what each session reused."
+)
 
 
 def default_template(engine: EngineClient) -> PromptTemplate:
@@ -65,8 +77,16 @@ def create_app(
         config=config,
         template=template if template is not None else default_template(engine),
         parser_factory=parser_factory if parser_factory is not None else default_parser_factory(),
+        sessions=SessionStore(config.session_idle_timeout_s, config.max_sessions),
     )
-    app = FastAPI(title="FreeToken", docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(
+        title="FreeToken",
+        description=API_DESCRIPTION,
+        version=__version__,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url="/openapi.json",
+    )
     app.state.freetoken = ctx
     app.add_middleware(GuardMiddleware, config=config)
     app.add_middleware(ErrorNetMiddleware)  # added last = outermost: also covers the guard
@@ -90,7 +110,7 @@ def create_app(
             return JSONResponse({"status": "ok"})
         return JSONResponse({"status": "unhealthy"}, status_code=503)
 
-    @app.api_route("/", methods=["GET", "HEAD"])
+    @app.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)
     async def root() -> Response:
         """Connectivity check (Claude Code sends ``HEAD /``)."""
         return JSONResponse({"status": "ok", "name": "freetoken"})
@@ -98,4 +118,5 @@ def create_app(
     app.include_router(openai_router(ctx))
     app.include_router(anthropic_router(ctx))
     app.include_router(admin_router(ctx))
+    app.include_router(session_router(ctx))
     return app

@@ -23,6 +23,9 @@ class ServerConfig:
         ping_interval_s: seconds between keep-alive events on an open SSE stream (Anthropic
             ``ping`` events, OpenAI SSE comments), so clients' idle watchdogs survive a long
             prefill or a queue wait.
+        session_idle_timeout_s: a harness session (``/v1/sessions``, or one made by detection)
+            expires after this many seconds without a request.
+        max_sessions: most sessions kept; the least recently used goes first beyond it.
 
     Raises:
         ValueError: a non-positive limit, ``default_max_tokens`` above the cap, or an empty
@@ -35,6 +38,8 @@ class ServerConfig:
     api_key: str | None = None
     max_body_bytes: int = 32 * 1024 * 1024
     ping_interval_s: float = 10.0
+    session_idle_timeout_s: float = 3600.0
+    max_sessions: int = 1024
 
     def __post_init__(self) -> None:
         if not self.served_model_name:
@@ -54,6 +59,12 @@ class ServerConfig:
             raise ValueError(f"max_body_bytes must be >= 1, got {self.max_body_bytes}")
         if self.ping_interval_s <= 0:
             raise ValueError(f"ping_interval_s must be > 0, got {self.ping_interval_s}")
+        if self.session_idle_timeout_s <= 0:
+            raise ValueError(
+                f"session_idle_timeout_s must be > 0, got {self.session_idle_timeout_s}"
+            )
+        if self.max_sessions < 1:
+            raise ValueError(f"max_sessions must be >= 1, got {self.max_sessions}")
 
     @property
     def fallback_max_tokens(self) -> int:

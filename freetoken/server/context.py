@@ -5,15 +5,18 @@ from __future__ import annotations
 import json
 import re
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 
-from freetoken.core import GenerationRequest, SamplingParams
+from freetoken.core import GenerationOutput, GenerationRequest, SamplingParams
 from freetoken.engine.client import EngineClient
 from freetoken.server.config import ServerConfig
+from freetoken.parsers.events import ParserEvent
+from freetoken.server.generation import Finish, chat_events
 from freetoken.server.errors import Api, APIError, bad_request, from_validation_error
 from freetoken.server.prompt import (
     OutputParserLike,
@@ -24,6 +27,9 @@ from freetoken.server.prompt import (
     render_prompt,
 )
 from freetoken.server.tools import ToolPolicy
+
+if TYPE_CHECKING:
+    from freetoken.server.sessions import HarnessBinding, SessionStore
 
 
 @dataclass(frozen=True)
@@ -37,6 +43,8 @@ class ChatJob:
         prompt: the rendered and tokenized prompt.
         sampling: clamped sampling parameters.
         policy: tools and whether to parse tool calls.
+        binding: the harness adapter, session and anchor policy serving it (None: server
+            defaults, nothing recorded).
     """
 
     request_id: str
@@ -45,10 +53,12 @@ class ChatJob:
     prompt: Prompt
     sampling: SamplingParams
     policy: ToolPolicy
+    binding: HarnessBinding | None = None
 
     def engine_request(self) -> GenerationRequest:
-        """The :class:`GenerationRequest` handed to the engine."""
-        return GenerationRequest(self.request_id, self.prompt.token_ids, self.sampling)
+        """The :class:`GenerationRequest` handed to the engine (with the session's anchors)."""
+        anchors = self.binding.anchors if self.binding is not None else None
+        return GenerationRequest(self.request_id, self.prompt.token_ids, self.sampling, anchors)
 
 
 @dataclass(frozen=True)
@@ -59,6 +69,7 @@ class ServerContext:
     config: ServerConfig
     template: PromptTemplate
     parser_factory: ParserFactory
+    sessions: SessionStore
 
     def model_name(self, requested: str | None) -> str:
         """The name to echo: the requested one, else the served name."""
@@ -77,9 +88,22 @@ class ServerContext:
             self.template, self.engine.tokenizer, messages, policy.tools, enable_thinking
         )
 
+    def record(self, binding: HarnessBinding | None, prompt_ids: tuple[int, ...],
+               out: GenerationOutput) -> None:
+        """Add a finished request (its last output chunk) to its session's totals."""
+        if binding is not None and out.finish_reason in ("stop", "length"):
+            self.sessions.record(binding.session, prompt_ids, out.prompt_tokens,
+                                 out.cached_tokens, out.completion_tokens)
+
     def check_context(self, prompt_len: int, api: Api, param: str) -> None:
         """400 when ``prompt_len + 1 > engine.info.max_model_len``."""
         check_context(prompt_len, self.engine.info.max_model_len, api, param)
+
+    def events(self, job: ChatJob) -> AsyncIterator[ParserEvent | Finish]:
+        """``chat_events`` of ``job`` with a fresh parser; the finish goes to its session."""
+        request = job.engine_request()
+        return chat_events(self.engine, request, self.new_parser(job),
+                           lambda out: self.record(job.binding, request.prompt_ids, out))
 
     def new_parser(self, job: ChatJob) -> OutputParserLike:
         """A fresh output parser for ``job`` (inside reasoning when the prompt opened it)."""
@@ -96,7 +120,13 @@ def now() -> int:
 
 
 async def parse_body(request: Request, model: type[BaseModel]) -> Any:
-    """Read the request body as JSON and validate it against ``model``.
+    """``read_body(request, model)[0]``: the validated body (see :func:`read_body`)."""
+    return (await read_body(request, model))[0]
+
+
+async def read_body(request: Request, model: type[BaseModel]) -> tuple[Any, dict]:
+    """Read the request body as JSON and validate it against ``model``; returns the validated
+    object and the parsed JSON object it came from (for harness detection).
 
     Strict JSON (RFC 8259): the ``NaN`` / ``Infinity`` literals Python's parser would accept are
     refused, and so are strings holding a lone UTF-16 surrogate escape (``"\\ud800"``), which no
@@ -114,7 +144,7 @@ async def parse_body(request: Request, model: type[BaseModel]) -> Any:
     if _SURROGATE_ESCAPE.search(raw):
         check_unicode(data)
     try:
-        return model.model_validate(data)
+        return model.model_validate(data), data
     except ValidationError as exc:
         raise from_validation_error(exc) from None
 

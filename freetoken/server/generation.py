@@ -7,7 +7,7 @@ engine's iterator too, which aborts the request inside the engine (EngineClient 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -64,9 +64,12 @@ async def close_quietly(iterator: object) -> None:
 
 
 async def engine_outputs(
-    engine: EngineClient, request: GenerationRequest
+    engine: EngineClient,
+    request: GenerationRequest,
+    on_finish: Callable[[GenerationOutput], None] | None = None,
 ) -> AsyncIterator[GenerationOutput]:
-    """The engine's output chunks up to and including the one with a finish reason.
+    """The engine's output chunks up to and including the one with a finish reason
+    (``on_finish`` sees that chunk before it is yielded).
 
     Raises:
         APIError: 400 when the engine rejects the request (``ValueError``: empty or too long
@@ -89,6 +92,8 @@ async def engine_outputs(
                 raise EngineFailure(out.error or "the engine failed while generating")
             if out.finish_reason == "abort":
                 raise EngineFailure("the engine aborted the request")
+            if out.finish_reason is not None and on_finish is not None:
+                on_finish(out)
             yield out
             if out.finish_reason is not None:
                 return
@@ -109,14 +114,18 @@ def finish_of(out: GenerationOutput) -> Finish:
 
 
 async def chat_events(
-    engine: EngineClient, request: GenerationRequest, parser: OutputParserLike
+    engine: EngineClient,
+    request: GenerationRequest,
+    parser: OutputParserLike,
+    on_finish: Callable[[GenerationOutput], None] | None = None,
 ) -> AsyncIterator[ParserEvent | Finish]:
-    """Parser events (text, reasoning, complete tool calls) of one request, then its Finish.
+    """Parser events (text, reasoning, complete tool calls) of one request, then its Finish
+    (``on_finish``: see :func:`engine_outputs`).
 
     Raises:
         APIError, EngineFailure: as :func:`engine_outputs`.
     """
-    outputs = engine_outputs(engine, request)
+    outputs = engine_outputs(engine, request, on_finish)
     last: GenerationOutput | None = None
     try:
         async for out in outputs:

@@ -156,9 +156,9 @@ def from_openai(messages: list[ChatMessage]) -> list[dict]:
 
 
 def anthropic_system(system: str | list[dict[str, Any]] | None) -> list[dict]:
-    """The top-level ``system`` (string or text blocks) as zero or one system message.
-
-    Text blocks starting with ``x-anthropic-billing-header:`` are dropped (see module notes).
+    """The top-level ``system`` (string or text blocks) as zero or one system message; blocks
+    are joined with newlines. Claude Code's per-request attribution block is kept here: its
+    harness adapter (``harness_adapters.claude_code``) removes it before templating.
 
     Raises:
         APIError: 400 for a non-text system block.
@@ -171,9 +171,7 @@ def anthropic_system(system: str | list[dict[str, Any]] | None) -> list[dict]:
     for j, block in enumerate(system):
         if block.get("type") != "text":
             raise _unsupported(block.get("type"), f"system.{j}")
-        text = _validate(_TextBlock, block, f"system.{j}").text
-        if not text.startswith(BILLING_HEADER_PREFIX):
-            blocks.append(text)
+        blocks.append(_validate(_TextBlock, block, f"system.{j}").text)
     return [{"role": "system", "content": "\n".join(blocks)}] if blocks else []
 
 

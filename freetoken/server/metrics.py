@@ -7,7 +7,8 @@ Every family is written as ``# HELP``, ``# TYPE`` and its samples; families with
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from freetoken.engine.counters import FINISH_REASONS, EngineCounters
 from freetoken.offload.control import LayerStats, MoeStats
@@ -141,8 +142,28 @@ def _moe_lines(stats: MoeStats) -> list[str]:
     return lines
 
 
+def _harness_lines(totals: Mapping[str, Any], live: Mapping[str, int]) -> list[str]:
+    """Per-harness families (labels ``harness``): requests and prompt tokens reused/recomputed
+    (counters, see ``SessionStore.metrics``) and live sessions (gauge)."""
+    names = sorted(totals)
+    lines = []
+    for suffix, attr, text in (
+        ("requests_total", "requests", "Finished chat requests served by each harness adapter."),
+        ("prompt_tokens_reused_total", "reused_tokens",
+         "Prompt tokens of each harness's requests served from the prefix cache."),
+        ("prompt_tokens_recomputed_total", "recomputed_tokens",
+         "Prompt tokens of each harness's requests prefilled (not found in the prefix cache)."),
+    ):
+        lines += family(f"freetoken_harness_{suffix}", "counter", text,
+                        [({"harness": n}, getattr(totals[n], attr)) for n in names])
+    lines += family("freetoken_sessions", "gauge", "Live harness sessions (explicit and detected).",
+                    [({"harness": n}, live[n]) for n in sorted(live)])
+    return lines
+
+
 def render_metrics(counters: EngineCounters, moe_stats: MoeStats | None, *,
-                   healthy: bool = True) -> str:
+                   healthy: bool = True, sessions: tuple[Mapping[str, Any], Mapping[str, int]] | None = None
+                   ) -> str:
     """The ``/metrics`` page: engine families, then the MoE families when ``moe_stats`` is given.
 
     Args:
@@ -150,11 +171,14 @@ def render_metrics(counters: EngineCounters, moe_stats: MoeStats | None, *,
         moe_stats: the offload runtime's snapshot, or None (resident backend, or the engine is
             dead so no consistent snapshot could be taken).
         healthy: value of ``freetoken_engine_healthy``.
+        sessions: ``SessionStore.metrics()`` (per-harness totals, live sessions), or None.
 
     Returns:
         The exposition text, one sample per line, ending with a newline.
     """
     lines = _engine_lines(counters, healthy)
+    if sessions is not None:
+        lines += _harness_lines(*sessions)
     if moe_stats is not None:
         lines += _moe_lines(moe_stats)
     return "\n".join(lines) + "\n"

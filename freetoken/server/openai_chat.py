@@ -19,7 +19,6 @@ from freetoken.server.errors import APIError, bad_request, openai_error_body
 from freetoken.server.generation import (
     EngineFailure,
     Finish,
-    chat_events,
     close_quietly,
 )
 from freetoken.server.ids import chat_completion_id, openai_tool_call_id
@@ -28,6 +27,7 @@ from freetoken.server.openai_protocol import ChatCompletionRequest
 from freetoken.server.prompt import thinking_from_kwargs
 from freetoken.server.sampling import build_sampling, stop_strings
 from freetoken.server.streaming import data_event
+from freetoken.server.sessions import HarnessBinding
 from freetoken.server.tools import openai_tools
 
 log = logging.getLogger("freetoken.server")
@@ -49,8 +49,13 @@ def check_unsupported(n: int | None) -> None:
         raise bad_request("n: only n=1 is supported", param="n")
 
 
-def prepare_chat(ctx: ServerContext, req: ChatCompletionRequest) -> ChatJob:
+def prepare_chat(
+    ctx: ServerContext, req: ChatCompletionRequest, binding: HarnessBinding | None = None
+) -> ChatJob:
     """Validate, render and tokenize a chat request and clamp its sampling parameters.
+
+    ``binding`` (the request's harness session) normalises the messages before templating and
+    travels with the job (anchor policy, session totals).
 
     Raises:
         APIError: 400 for unsupported options (``n`` > 1, ``logprobs``, non-text
@@ -68,6 +73,8 @@ def prepare_chat(ctx: ServerContext, req: ChatCompletionRequest) -> ChatJob:
         )
     policy = openai_tools(req)
     messages = from_openai(req.messages)
+    if binding is not None:
+        messages = binding.adapter.normalize(messages)
     stop = stop_strings(req.stop, "stop")
     prompt = ctx.render(
         messages, policy, thinking_from_kwargs(req.chat_template_kwargs, req.reasoning_effort)
@@ -88,7 +95,10 @@ def prepare_chat(ctx: ServerContext, req: ChatCompletionRequest) -> ChatJob:
         stop=stop,
         ignore_eos=req.ignore_eos,
     )
-    return ChatJob(chat_completion_id(), ctx.model_name(req.model), now(), prompt, sampling, policy)
+    sampling = policy.constrain(sampling, ctx.template, prompt.in_reasoning)
+    return ChatJob(
+        chat_completion_id(), ctx.model_name(req.model), now(), prompt, sampling, policy, binding
+    )
 
 
 def finish_reason(fin: Finish, num_tool_calls: int) -> str:
@@ -109,7 +119,7 @@ async def complete_chat(ctx: ServerContext, job: ChatJob) -> dict:
     thoughts: list[str] = []
     calls: list[dict] = []
     fin: Finish | None = None
-    async for event in chat_events(ctx.engine, job.engine_request(), ctx.new_parser(job)):
+    async for event in ctx.events(job):
         if isinstance(event, TextDelta):
             texts.append(event.text)
         elif isinstance(event, ReasoningDelta):
@@ -183,7 +193,7 @@ async def stream_chat(
             body["usage"] = None
         return data_event(body)
 
-    events = chat_events(ctx.engine, job.engine_request(), ctx.new_parser(job))
+    events = ctx.events(job)
     num_calls = 0
     try:
         yield chunk({"role": "assistant", "content": ""})

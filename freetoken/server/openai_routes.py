@@ -9,7 +9,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from freetoken.server.context import ServerContext, now, parse_body
+from freetoken.server.context import ServerContext, now, parse_body, read_body
 from freetoken.server.openai_chat import complete_chat, prepare_chat, stream_chat
 from freetoken.server.openai_completions import (
     complete_text,
@@ -18,6 +18,7 @@ from freetoken.server.openai_completions import (
 )
 from freetoken.server.openai_protocol import ChatCompletionRequest, CompletionRequest
 from freetoken.server.responses import json_result
+from freetoken.server.sessions import request_info
 from freetoken.server.streaming import comment_ping, sse_response
 
 
@@ -47,9 +48,10 @@ def openai_router(ctx: ServerContext) -> APIRouter:
     @router.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         """Create a chat completion (``stream: true`` → SSE chunks)."""
-        req = await parse_body(request, ChatCompletionRequest)
+        req, body = await read_body(request, ChatCompletionRequest)
         ctx.check_healthy()
-        job = await run_in_threadpool(prepare_chat, ctx, req)
+        binding = ctx.sessions.bind(request_info(request, "openai", body))
+        job = await run_in_threadpool(prepare_chat, ctx, req, binding)
         if req.stream:
             usage = bool(req.stream_options and req.stream_options.include_usage)
             return sse_response(

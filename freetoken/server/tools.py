@@ -1,16 +1,31 @@
-"""Tool declarations and ``tool_choice`` of both APIs, reduced to what the prompt and parser need.
+"""Tool declarations and ``tool_choice`` of both APIs, reduced to what the prompt, the parser and
+the sampler need.
 
 Tools are kept in the OpenAI form ``{"type": "function", "function": {"name", "description",
-"parameters"}}`` (the form ChatTemplate renders and OutputParser reads). ``tool_choice`` cannot
-constrain decoding here (no grammar-guided sampling): ``none`` turns tool-call parsing off while the
-tools stay in the prompt (a stable prompt prefix across turns); ``required``/``any``/named choices
-are validated and parsed like ``auto``, and a response without a call is reported honestly.
+"parameters"}}`` (the form ChatTemplate renders and OutputParser reads). ``tool_choice``:
+
+* ``auto`` (or absent): calls are parsed, nothing is forced;
+* ``none``: tool-call parsing is off while the tools stay in the prompt (a stable prompt prefix
+  across turns), so whatever the model writes is text and no call is ever reported;
+* OpenAI ``required`` / Anthropic ``any``: decoding is grammar-constrained
+  (:mod:`freetoken.constrain`) to one or more calls of the declared tools, arguments valid for
+  their schemas (one call when ``parallel_tool_calls`` is false or ``disable_parallel_tool_use``);
+* a named function / Anthropic ``tool``: constrained to exactly one call of that tool.
+
+The grammar (:meth:`ToolPolicy.grammar`) follows the chat template's call form (JSON or XML, see
+:func:`call_form`) and lets a think block the prompt opened finish first (the calls follow
+``</think>``; until then the model reasons freely). Generation ends by EOS, allowed only after a
+complete call, so ``tool_calls`` / ``tool_use`` is reported exactly when a call was parsed; a call
+cut off by ``max_tokens`` ends with ``length`` / ``max_tokens``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from freetoken.constrain import GrammarError, ToolCallGrammar, tool_call_grammar
+from freetoken.constrain.matcher import check_grammar
+from freetoken.core import SamplingParams
 from freetoken.server.anthropic_protocol import CountTokensRequest
 from freetoken.server.errors import bad_request
 from freetoken.server.openai_protocol import ChatCompletionRequest
@@ -18,17 +33,62 @@ from freetoken.server.openai_protocol import ChatCompletionRequest
 _EMPTY_SCHEMA = {"type": "object", "properties": {}}
 
 
+def call_form(template: object) -> str:
+    """The tool-call form a chat template teaches: ``"xml"`` when its source writes
+    ``<function=`` (Qwen3.5 / Qwen3-Coder), else ``"json"`` (Qwen3 / Qwen3-Next / Hermes; also for
+    templates without a ``source``, such as stand-ins)."""
+    source = getattr(template, "source", None)
+    return "xml" if isinstance(source, str) and "<function=" in source else "json"
+
+
 @dataclass(frozen=True)
 class ToolPolicy:
-    """Tools to render and whether to parse tool calls out of the output.
+    """Tools to render, whether to parse tool calls out of the output and whether one is forced.
 
     Attributes:
         tools: OpenAI-form tool list (None when the request declares none).
         parse_tools: False when there are no tools or the choice is ``none``.
+        require_call: ``tool_choice`` forces at least one call (required / any / named / tool).
+        named: the one tool a named choice forces, else None.
+        parallel: more than one call may be made (False with ``parallel_tool_calls: false`` or
+            ``disable_parallel_tool_use: true``).
     """
 
     tools: list[dict] | None
     parse_tools: bool
+    require_call: bool = False
+    named: str | None = None
+    parallel: bool = True
+
+    def grammar(self, template: object, in_reasoning: bool) -> ToolCallGrammar | None:
+        """The decoding constraint of a forced call (``SamplingParams.grammar``), or None.
+
+        Args:
+            template: the chat template (its call form, see :func:`call_form`).
+            in_reasoning: the prompt opened a think block (``Prompt.in_reasoning``).
+
+        Raises:
+            APIError: 400 (param ``tools``) when a tool schema cannot be compiled into a grammar.
+        """
+        if not self.require_call or not self.tools:
+            return None
+        try:
+            spec = tool_call_grammar(self.tools, call_form(template), only=self.named,
+                                     reasoning=in_reasoning, parallel=self.parallel)
+            check_grammar(spec)
+        except GrammarError as exc:
+            raise bad_request(f"tools: {exc}", param="tools") from None
+        return spec
+
+    def constrain(self, sampling: SamplingParams, template: object,
+                  in_reasoning: bool) -> SamplingParams:
+        """``sampling`` with :meth:`grammar` set (unchanged when no call is forced).
+
+        Raises:
+            APIError: 400 as :meth:`grammar`.
+        """
+        grammar = self.grammar(template, in_reasoning)
+        return sampling if grammar is None else replace(sampling, grammar=grammar)
 
 
 def _function(name: str, description: str | None, parameters: dict | None) -> dict:
@@ -46,7 +106,7 @@ def _check_named(name: str, tools: list[dict] | None, param: str) -> None:
 
 
 def openai_tools(req: ChatCompletionRequest) -> ToolPolicy:
-    """Tool policy of a chat-completions request.
+    """Tool policy of a chat-completions request (``required`` / named choices force a call).
 
     Raises:
         APIError: 400 when ``tool_choice`` is ``required``/named without tools, or names a tool
@@ -65,9 +125,17 @@ def openai_tools(req: ChatCompletionRequest) -> ToolPolicy:
         raise bad_request(
             "tool_choice: 'required' needs a non-empty tools list", param="tool_choice"
         )
+    named = None
     if choice is not None and not isinstance(choice, str):
-        _check_named(choice.function.name, tools, "tool_choice.function.name")
-    return ToolPolicy(tools, parse_tools=bool(tools) and choice != "none")
+        named = choice.function.name
+        _check_named(named, tools, "tool_choice.function.name")
+    return ToolPolicy(
+        tools,
+        parse_tools=bool(tools) and choice != "none",
+        require_call=choice == "required" or named is not None,
+        named=named,
+        parallel=req.parallel_tool_calls is not False,
+    )
 
 
 def anthropic_tools(req: CountTokensRequest) -> ToolPolicy:
@@ -95,4 +163,11 @@ def anthropic_tools(req: CountTokensRequest) -> ToolPolicy:
         if not choice.name:
             raise bad_request("tool_choice.name: Field required", param="tool_choice.name")
         _check_named(choice.name, tools, "tool_choice.name")
-    return ToolPolicy(tools, parse_tools=bool(tools) and (choice is None or choice.type != "none"))
+    forced = choice is not None and choice.type in ("any", "tool")
+    return ToolPolicy(
+        tools,
+        parse_tools=bool(tools) and (choice is None or choice.type != "none"),
+        require_call=forced,
+        named=choice.name if forced and choice.type == "tool" else None,
+        parallel=not (choice is not None and choice.disable_parallel_tool_use),
+    )

@@ -1,19 +1,32 @@
 """Command lines, minimal environments and config files of the four agent clients.
 
-Recipes from ``/work/shared/research/real-clients.md`` sections 3 to 6, pointed at the server's base
-URL. Each environment is built from nothing (as ``env -i`` would): PATH with the client's folders
-first, an isolated HOME, and the client's own switches that keep it on loopback.
+The provider settings (environment variables, config documents) are exactly what ``freetoken launch``
+uses, built by ``freetoken.agents`` from the live server's ``GET /v1/models`` card, so these tests
+also prove the launch settings work with the real clients. On top of them come the tests' own
+isolation settings (recipes of ``/work/shared/research/real-clients.md`` sections 3 to 6): each
+environment is built from nothing (as ``env -i`` would), with PATH holding the client's folders
+first, an isolated HOME and the client's switches that keep it on loopback; plus step and time
+limits and the OpenClaw request params described in ``README.md``.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
+
+from freetoken.agents.claude_code import claude_code_env
+from freetoken.agents.discover import discover
+from freetoken.agents.launch import write_config
+from freetoken.agents.mini_swe_agent import mini_swe_agent_env
+from freetoken.agents.openclaw import openclaw_config, openclaw_env
+from freetoken.agents.opencode import PROVIDER_PACKAGES, opencode_config, opencode_env
+from freetoken.agents.plan import config_text
+from freetoken.agents.target import Target, resolve_target
 
 from .install import ClientInstall
 
 PROMPT = "Say hi."
 SYSTEM_PATH = "/usr/bin:/bin"
+OPENCODE_PROVIDERS = PROVIDER_PACKAGES
 
 
 def base_env(client: ClientInstall, home: Path) -> dict[str, str]:
@@ -23,22 +36,29 @@ def base_env(client: ClientInstall, home: Path) -> dict[str, str]:
     return {"PATH": path, "HOME": str(home), "LANG": "C.UTF-8", "TERM": "dumb"}
 
 
+def launch_target(base_url: str, model: str) -> Target:
+    """What ``freetoken launch`` points agents at: ``model``'s card from ``GET {base_url}/v1/models``.
+
+    Raises:
+        freetoken.agents.DiscoveryError: the server does not list ``model`` or its card is unusable.
+        AssertionError: the card lacks the context length or the output cap (FreeToken states both).
+    """
+    target, notes = resolve_target(discover(base_url, model))
+    assert not notes, notes
+    return target
+
+
 def claude_code(client: ClientInstall, base_url: str, model: str, home: Path, *, tools: str | None,
                 max_turns: int) -> tuple[list[str], dict[str, str]]:
     """``claude -p PROMPT --output-format stream-json --verbose`` against ``base_url`` (Anthropic API).
 
-    ``tools`` is the ``--tools`` list (None: Claude Code's default set, ~24 tools). All model
-    variables name ``model`` so sub-agents and small-model calls hit the same server model;
-    ``CLAUDE_CODE_ATTRIBUTION_HEADER=0`` drops the per-prompt billing block from the system prompt.
+    ``tools`` is the ``--tools`` list (None: Claude Code's default set, ~24 tools). The launch
+    settings name ``model`` in every model variable (sub-agents and small-model calls hit the same
+    server model) and set ``CLAUDE_CODE_ATTRIBUTION_HEADER=0`` (no per-prompt billing block).
     """
     env = base_env(client, home)
-    env.update(
-        ANTHROPIC_BASE_URL=base_url, ANTHROPIC_API_KEY="dummy",
-        CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1", DISABLE_TELEMETRY="1", DISABLE_AUTOUPDATER="1",
-        DISABLE_ERROR_REPORTING="1", CLAUDE_CODE_ATTRIBUTION_HEADER="0",
-        ANTHROPIC_MODEL=model, ANTHROPIC_DEFAULT_HAIKU_MODEL=model, ANTHROPIC_DEFAULT_SONNET_MODEL=model,
-        ANTHROPIC_DEFAULT_OPUS_MODEL=model, ANTHROPIC_SMALL_FAST_MODEL=model,
-    )
+    env.update(claude_code_env(launch_target(base_url, model)))
+    env.update(DISABLE_AUTOUPDATER="1", DISABLE_ERROR_REPORTING="1")
     argv = [str(client.executable), "-p", PROMPT, "--output-format", "stream-json", "--verbose",
             "--max-turns", str(max_turns)]
     if tools is not None:
@@ -46,34 +66,27 @@ def claude_code(client: ClientInstall, base_url: str, model: str, home: Path, *,
     return argv, env
 
 
-OPENCODE_PROVIDERS = ("@ai-sdk/openai-compatible", "@ai-sdk/anthropic")
-
-
 def opencode(client: ClientInstall, base_url: str, model: str, home: Path, workdir: Path,
              provider: str = "@ai-sdk/openai-compatible") -> tuple[list[str], dict[str, str]]:
-    """``opencode run --pure --format json`` with a provider ``local`` of the AI SDK package ``provider``.
+    """``opencode run --pure --format json`` with the launch provider ``freetoken`` through the AI SDK
+    package ``provider``.
 
     ``@ai-sdk/openai-compatible`` calls ``POST /v1/chat/completions``, ``@ai-sdk/anthropic``
-    ``POST /v1/messages`` (both bundled in the OpenCode binary). Writes ``workdir/opencode.json``
-    (project config; the main and the title model are both ``local/<model>``). ``XDG_CONFIG_HOME`` is
-    the installer's prepared config home, so OpenCode finds its plugin installed and does not fetch
-    it from the registry.
+    ``POST /v1/messages`` (both bundled in the OpenCode binary). The launch config (main and title
+    model both the served model, its limits, timeouts) is written under ``home`` and passed with
+    ``OPENCODE_CONFIG`` as ``freetoken launch`` does; no ``-m``, so the config's ``model`` is what
+    OpenCode uses. ``XDG_CONFIG_HOME`` is the installer's prepared config home, so OpenCode finds
+    its plugin installed and does not fetch it from the registry. ``workdir`` (the run's working
+    directory) must hold no ``opencode.json``: OpenCode would merge it over the launch config.
 
     Raises:
         ValueError: ``provider`` is not one of ``OPENCODE_PROVIDERS``.
     """
-    if provider not in OPENCODE_PROVIDERS:
-        raise ValueError(f"provider {provider!r} is not one of {OPENCODE_PROVIDERS}")
-    config = {
-        "$schema": "https://opencode.ai/config.json",
-        "provider": {"local": {
-            "npm": provider,
-            "options": {"baseURL": f"{base_url}/v1", "apiKey": "dummy"},
-            "models": {model: {"name": "FreeToken tiny", "tool_call": True}},
-        }},
-        "model": f"local/{model}", "small_model": f"local/{model}", "autoupdate": False, "share": "disabled",
-    }
-    (workdir / "opencode.json").write_text(json.dumps(config, indent=2))
+    assert not (workdir / "opencode.json").exists(), f"{workdir} has its own opencode.json"
+    config = {**opencode_config(launch_target(base_url, model), provider), "autoupdate": False,
+              "share": "disabled"}
+    path = home / "freetoken-launch" / "opencode.json"
+    write_config(path, config_text(config))
     env = base_env(client, home)
     assert client.config_home is not None, "the OpenCode install has no prepared config home"
     env.update(
@@ -82,7 +95,8 @@ def opencode(client: ClientInstall, base_url: str, model: str, home: Path, workd
         OPENCODE_DISABLE_DEFAULT_PLUGINS="1", OPENCODE_DISABLE_CLAUDE_CODE="1",
         OPENCODE_DISABLE_EXTERNAL_SKILLS="1",
     )
-    argv = [str(client.executable), "run", "--pure", "--format", "json", "-m", f"local/{model}", PROMPT]
+    env.update(opencode_env(path))
+    argv = [str(client.executable), "run", "--pure", "--format", "json", PROMPT]
     return argv, env
 
 
@@ -90,37 +104,34 @@ def openclaw(client: ClientInstall, base_url: str, model: str, home: Path, workd
              config_path: Path) -> tuple[list[str], dict[str, str]]:
     """``openclaw agent exec PROMPT --json`` (embedded one-turn run, no gateway) on Node 24.
 
-    Provider ``local`` uses ``api: "openai-completions"``. The model's request params add
+    The launch config (provider ``freetoken``, ``api: "openai-completions"``, ``reasoning: true``,
+    the server's limits, the primary model) is written to ``config_path`` and passed with
+    ``OPENCLAW_CONFIG_PATH`` as ``freetoken launch`` does; no ``--model``, so the config's primary
+    model is what OpenClaw uses. The tests add the model's request params
     ``chat_template_kwargs.enable_thinking=false`` (the documented switch for Qwen-family thinking
     templates) and ``ignore_eos`` (vLLM extension, sent through OpenClaw's ``extra_body``): OpenClaw
     fails a turn whose reply has no visible text, and the random tiny model otherwise often spends
     its whole reply in reasoning or stops at once.
     """
-    config = {
-        "telemetry": {"enabled": False},
-        "update": {"checkOnStart": False},
-        "agents": {"defaults": {"models": {f"local/{model}": {"params": {
-            "chat_template_kwargs": {"enable_thinking": False},
-            "extra_body": {"ignore_eos": True},
-        }}}}},
-        "models": {"providers": {"local": {
-            "baseUrl": f"{base_url}/v1", "apiKey": "dummy", "api": "openai-completions",
-            "models": [{"id": model, "name": "FreeToken tiny", "reasoning": False, "input": ["text"],
-                        "cost": {"input": 0, "output": 0, "cacheRead": 0, "cacheWrite": 0},
-                        "contextWindow": 128000, "maxTokens": 8192}],
-        }}},
-    }
-    config_path.write_text(json.dumps(config, indent=2))
+    config = openclaw_config(launch_target(base_url, model))
+    config["update"] = {"checkOnStart": False}
+    primary = config["agents"]["defaults"]["model"]["primary"]
+    config["agents"]["defaults"]["models"] = {primary: {"params": {
+        "chat_template_kwargs": {"enable_thinking": False},
+        "extra_body": {"ignore_eos": True},
+    }}}
+    write_config(config_path, config_text(config))
     env = base_env(client, home)
     env.update(DO_NOT_TRACK="1", OPENCLAW_NO_AUTO_UPDATE="1", CI="1")
-    argv = [str(client.executable), "agent", "exec", PROMPT, "--config", str(config_path),
-            "--model", f"local/{model}", "--cwd", str(workdir), "--json", "--timeout", "240"]
+    env.update(openclaw_env(config_path))
+    argv = [str(client.executable), "agent", "exec", PROMPT, "--cwd", str(workdir), "--json", "--timeout", "240"]
     return argv, env
 
 
 def mini_swe_agent(client: ClientInstall, base_url: str, model: str, home: Path, trajectory: Path,
                    step_limit: int) -> tuple[list[str], dict[str, str]]:
-    """``mini -y --exit-immediately`` through litellm (``openai/<model>``, non-streaming chat).
+    """``mini -y --exit-immediately`` through litellm (``openai/<model>``, non-streaming chat), with the
+    launch settings (model, base URL and key as environment variables, cost tracking errors ignored).
 
     ``agent.step_limit`` bounds the run: the random tiny model never returns the tool call the agent
     requires, so every step ends in mini's format-error feedback and the run exits with
@@ -129,11 +140,8 @@ def mini_swe_agent(client: ClientInstall, base_url: str, model: str, home: Path,
     ends the run at once instead of hiding behind a retry.
     """
     env = base_env(client, home)
-    env.update(MSWEA_GLOBAL_CONFIG_DIR=str(home / "mswea"), MSWEA_COST_TRACKING="ignore_errors",
-               MSWEA_CONFIGURED="true", LITELLM_LOCAL_MODEL_COST_MAP="True",
-               MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT="1")
-    argv = [str(client.executable), "-y", "--exit-immediately", "-m", f"openai/{model}", "-t", PROMPT,
-            "-c", "mini.yaml", "-c", f"model.model_kwargs.api_base={base_url}/v1",
-            "-c", "model.model_kwargs.api_key=dummy", "-c", f"agent.step_limit={step_limit}",
-            "-o", str(trajectory)]
+    env.update(mini_swe_agent_env(launch_target(base_url, model)))
+    env.update(MSWEA_GLOBAL_CONFIG_DIR=str(home / "mswea"), MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT="1")
+    argv = [str(client.executable), "-y", "--exit-immediately", "-t", PROMPT, "-c", "mini.yaml",
+            "-c", f"agent.step_limit={step_limit}", "-o", str(trajectory)]
     return argv, env

@@ -15,9 +15,6 @@ from evals.bench_prefix import (
     POLICIES, Capacity, ReplayError, capacities, make_bench, make_case, minimum_recompute,
     qwen3_next_80b_layout, replay, replay_capacities,
 )
-from evals.prefix_edits import (
-    elide_old_observations, strip_attribution_line, strip_reasoning_openclaw,
-)
 from evals.prefix_traces import (
     GROUPS, Renderer, RenderedCall, Thread, TraceCall, Variant, group_traces, merge_session,
 )
@@ -25,6 +22,9 @@ from freetoken.chat.template import ChatTemplate
 from freetoken.models.tiny import cached_tiny
 from freetoken.paths import shared_dir
 from freetoken.tokenizer.tokenizer import Tokenizer
+from harness_adapters.claude_code import strip_attribution_line
+from harness_adapters.openclaw import strip_reasoning_openclaw
+from harness_adapters.swe_agent import elide_old_observations
 
 POLICY = {p.name: p for p in POLICIES}
 BIG = Capacity("64", 64)
@@ -225,8 +225,9 @@ def test_swe_agent_elision_keeps_the_instance_and_the_last_observations() -> Non
     out = elide_old_observations(msgs, keep_last=5)
     # 8 observations (instance + 7): the 2nd and 3rd are elided, the last 5 and the first kept
     assert [m["content"] for m in out][:4] == ["s", "demo", "issue\ntext", "a0"]
-    assert out[4]["content"] == "Old environment output: (0 lines omitted)"
-    assert out[6]["content"] == "Old environment output: (1 lines omitted)"
+    # N counts lines, as SWE-agent's len(text.splitlines()) does
+    assert out[4]["content"] == "Old environment output: (1 lines omitted)"
+    assert out[6]["content"] == "Old environment output: (2 lines omitted)"
     assert out[8:] == msgs[8:] and msgs[4]["content"] == "line"
 
 

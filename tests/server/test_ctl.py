@@ -90,7 +90,8 @@ def test_metrics_prints_the_page(srv, capsys) -> None:
     srv.engine.moe = moe = FakeMoe()
     code, out, err = _ctl(capsys, "metrics", "--server", srv.base_url)
     assert (code, err) == (0, "")
-    assert out == render_metrics(srv.engine.counters(), moe.stats())
+    sessions = srv.live.server.config.app.state.freetoken.sessions.metrics()
+    assert out == render_metrics(srv.engine.counters(), moe.stats(), sessions=sessions)
 
 
 def test_unreachable_server(capsys) -> None:

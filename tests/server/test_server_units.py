@@ -164,10 +164,10 @@ def test_presented_key(headers, key):
 
 def test_anthropic_edge_cases():
     assert anthropic_system("") == []
-    assert (
-        anthropic_system([{"type": "text", "text": "x-anthropic-billing-header: cc_version=1;"}])
-        == []
-    )
+    # kept here; the Claude Code adapter removes it before templating
+    assert anthropic_system(
+        [{"type": "text", "text": "x-anthropic-billing-header: cc_version=1;"}, {"type": "text", "text": "b"}]
+    ) == [{"role": "system", "content": "x-anthropic-billing-header: cc_version=1;\nb"}]
     msgs = [
         AnthropicMessage(role="user", content=[]),
         AnthropicMessage(

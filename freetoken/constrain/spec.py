@@ -1,0 +1,128 @@
+"""The request-side description of a forced tool call: which tools, which call form, how many.
+
+A :class:`ToolCallGrammar` is what the HTTP layer puts on ``SamplingParams.grammar`` when
+``tool_choice`` forces a call (OpenAI ``required`` or a named function, Anthropic ``any`` or
+``tool``). It is plain, frozen and hashable data (tool schemas are kept as JSON text), so the
+engine can cache the compiled grammar by it; nothing here imports the grammar library.
+
+Call forms (the two the output parser reads, see :mod:`freetoken.parsers.toolcall`):
+
+* ``"json"``: Qwen3 / Qwen3-Next / Hermes,
+  ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``;
+* ``"xml"``: Qwen3.5 / Qwen3-Coder, ``<tool_call>\\n<function=NAME>\\n<parameter=ARG>\\nVALUE\\n
+  </parameter>\\n</function>\\n</tool_call>``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+CallForm = Literal["json", "xml"]
+CALL_FORMS: tuple[str, ...] = ("json", "xml")
+
+
+class GrammarError(ValueError):
+    """A tool-call grammar cannot be built or compiled (bad tool schema, a name the call form
+    cannot write, a schema the grammar library rejects), or a matcher left the grammar."""
+
+
+@dataclass(frozen=True)
+class ToolSchema:
+    """One tool the forced call may use.
+
+    Attributes:
+        name: the function name, exactly as the call must write it.
+        parameters: the JSON schema of its arguments object, as JSON text (key order kept: it is
+            the order arguments are written in).
+    """
+
+    name: str
+    parameters: str
+
+
+@dataclass(frozen=True)
+class ToolCallGrammar:
+    """What a constrained generation must produce: one or more tool calls and nothing else.
+
+    The output is, in order: when ``reasoning``, the rest of the think block the prompt opened
+    (free text, no special tokens) and ``</think>`` with up to two newlines; then one tool call
+    of one of ``tools`` in ``form`` whose arguments match that tool's schema; when ``parallel``,
+    any number of further calls (each after up to two newlines); then an end-of-sequence token.
+    End of sequence is allowed only once at least one call is complete.
+
+    Attributes:
+        form: the call form of the model's chat template (``"json"`` or ``"xml"``).
+        tools: the tools a call may use (one for a named ``tool_choice``), unique names.
+        reasoning: the prompt opened a think block (``Prompt.in_reasoning``): the model finishes
+            its reasoning freely and the calls follow ``</think>``.
+        parallel: more than one call may follow the first.
+
+    Raises:
+        GrammarError: unknown form, no tools, repeated or empty names, or parameters that are
+            not the JSON text of an object.
+    """
+
+    form: CallForm
+    tools: tuple[ToolSchema, ...]
+    reasoning: bool = False
+    parallel: bool = True
+
+    def __post_init__(self) -> None:
+        if self.form not in CALL_FORMS:
+            raise GrammarError(
+                f"unknown tool-call form {self.form!r}; expected one of {CALL_FORMS}")
+        if not self.tools:
+            raise GrammarError("a tool-call grammar needs at least one tool")
+        names = [t.name for t in self.tools]
+        if len(set(names)) != len(names):
+            raise GrammarError(f"tool names must be unique, got {names}")
+        for tool in self.tools:
+            if not isinstance(tool.name, str) or not tool.name:
+                raise GrammarError("tool names must be non-empty strings")
+            try:
+                schema = json.loads(tool.parameters)
+            except (TypeError, ValueError) as exc:
+                raise GrammarError(f"tool {tool.name!r}: parameters are not JSON: {exc}") from None
+            if not isinstance(schema, dict):
+                raise GrammarError(f"tool {tool.name!r}: parameters must be a JSON-schema object")
+
+
+def tool_call_grammar(
+    tools: Sequence[dict],
+    form: CallForm,
+    *,
+    only: str | None = None,
+    reasoning: bool = False,
+    parallel: bool = True,
+) -> ToolCallGrammar:
+    """Build the grammar description from OpenAI-form tools.
+
+    Args:
+        tools: ``[{"type": "function", "function": {"name", "parameters"}}]`` (the form
+            ``ChatTemplate`` renders; a missing ``parameters`` means no arguments).
+        form: the model's call form.
+        only: the tool a named ``tool_choice`` forces (then exactly one call of it), or None for
+            any of ``tools``.
+        reasoning: the prompt opened a think block.
+        parallel: allow more than one call (ignored, False, when ``only`` is given).
+
+    Raises:
+        GrammarError: ``only`` names no tool in ``tools``, or the description is invalid (see
+            :class:`ToolCallGrammar`).
+    """
+    specs = []
+    for tool in tools:
+        fn = tool.get("function", tool)
+        params = fn.get("parameters")
+        if params is None:
+            params = {"type": "object", "properties": {}}
+        specs.append(ToolSchema(fn.get("name"), json.dumps(params, ensure_ascii=False)))
+    if only is not None:
+        specs = [s for s in specs if s.name == only]
+        if not specs:
+            raise GrammarError(f"no tool named {only!r}")
+        parallel = False
+    return ToolCallGrammar(form, tuple(specs), reasoning=reasoning, parallel=parallel)
