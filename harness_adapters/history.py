@@ -88,6 +88,20 @@ def check_summary(summary: object) -> None:
         raise ValueError("summary must not be empty")
 
 
+def compaction_head(messages: object, summary: object) -> int:
+    """Checks shared by the compaction simulators; returns the number of leading system
+    messages (they survive a compaction).
+
+    Raises:
+        TypeError / ValueError: bad ``messages``, a None or empty summary.
+    """
+    check_messages(messages)
+    if summary is None:
+        raise TypeError("compact needs a summary string, got None")
+    check_summary(summary)
+    return leading_system(messages)
+
+
 def check_count(value: object, name: str, minimum: int = 0) -> int:
     """``value`` as an int >= ``minimum``.
 

@@ -24,7 +24,7 @@ from freetoken.prefix.anchors import AnchorKind
 from harness_adapters import shapes
 from harness_adapters.base import COMMON_BOUNDARIES, EditBoundary, HarnessAdapter, RequestInfo
 from harness_adapters.history import (
-    check_count, check_messages, check_summary, leading_system, tail_start, text, with_content,
+    check_count, check_messages, compaction_head, tail_start, text, with_content,
 )
 
 INTERNAL_CONTEXT_MARKER = "<<<BEGIN_OPENCLAW_INTERNAL_CONTEXT>>>"
@@ -140,11 +140,7 @@ def compact(messages: list[dict], summary: str, keep_recent: int = 0) -> list[di
     Raises:
         TypeError / ValueError: bad ``messages``, an empty summary or a negative count.
     """
-    check_messages(messages)
-    if summary is None:
-        raise TypeError("compact needs a summary string, got None")
-    check_summary(summary)
-    head = leading_system(messages)
+    head = compaction_head(messages, summary)
     start = tail_start(messages, check_count(keep_recent, "keep_recent"), head)
     return (messages[:head] + [{"role": "user", "content": SUMMARY_TEXT.format(summary=summary)}]
             + messages[start:])

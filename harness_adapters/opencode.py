@@ -24,7 +24,7 @@ from harness_adapters.base import (
     COMMON_BOUNDARIES, EditBoundary, HarnessAdapter, RequestInfo, Version, agent_version,
 )
 from harness_adapters.history import (
-    check_count, check_messages, check_summary, leading_system, text, tool_names, with_content,
+    check_count, check_messages, check_summary, compaction_head, text, tool_names, with_content,
 )
 
 CLEARED_TOOL_RESULT = "[Old tool result content cleared]"
@@ -102,12 +102,8 @@ def compact(messages: list[dict], summary: str, *, tail_turns: int = 2,
     Raises:
         TypeError / ValueError: bad ``messages``, an empty summary or a negative count.
     """
-    check_messages(messages)
-    if summary is None:
-        raise TypeError("compact needs a summary string, got None")
-    check_summary(summary)
+    head = compaction_head(messages, summary)
     tail_turns = check_count(tail_turns, "tail_turns")
-    head = leading_system(messages)
     users = [i for i in range(head, len(messages)) if messages[i].get("role") == "user"]
     if tail_turns == 0:
         start = len(messages)
