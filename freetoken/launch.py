@@ -22,6 +22,8 @@ ENDPOINTS = (
     ("POST", "/v1/freetoken/memory", "resize the expert cache"),
     ("POST", "/v1/sessions", "create a harness session"),
     ("GET", "/v1/sessions", "harness sessions and their prefix reuse"),
+    ("GET", "/v1/sessions/{id}", "one harness session"),
+    ("DELETE", "/v1/sessions/{id}", "forget a harness session"),
     ("GET", "/openapi.json", "OpenAPI schema"),
 )
 

@@ -50,7 +50,12 @@ def parse_version(text: str, parts: int | None = None) -> Version | None:
     match = _VERSION.search(text)
     if match is None:
         return None
-    numbers = tuple(int(p) for p in match.group(1).split("."))
+    # a component longer than 9 digits is not a real version (and int() of thousands of digits
+    # is refused by Python): treat the text as carrying no version
+    pieces = match.group(1).split(".")
+    if any(len(p) > 9 for p in pieces):
+        return None
+    numbers = tuple(int(p) for p in pieces)
     return numbers[:parts] if parts else numbers
 
 

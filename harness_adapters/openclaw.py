@@ -42,7 +42,24 @@ OPENCLAW_TOOLS = frozenset({
 SOFT_TRIM_MAX_CHARS = 4000
 SOFT_TRIM_HEAD = 1500
 SOFT_TRIM_TAIL = 1500
-_RUNTIME_SESSION = re.compile(r"Runtime: [^\n]*?\bsession=([^\s|]+)")
+_SESSION_VALUE = re.compile(r"session=([^\s|]{1,200})")
+_RUNTIME_LINE_CHARS = 2000  # a Runtime line is ~100 chars; longer text is not one
+
+
+def runtime_session(piece: str) -> str | None:
+    """The ``session=`` value of the first ``Runtime:`` line of ``piece`` that has one. Linear
+    time: each line is scanned once, and only its first ``_RUNTIME_LINE_CHARS`` characters."""
+    start = piece.find("Runtime: ")
+    while start != -1:
+        end = piece.find("\n", start)
+        line = piece[start:end if end != -1 else len(piece)][:_RUNTIME_LINE_CHARS]
+        for match in _SESSION_VALUE.finditer(line):
+            if match.start() == 0 or not line[match.start() - 1].isalnum():
+                return match.group(1)
+        if end == -1:
+            return None
+        start = piece.find("Runtime: ", end)
+    return None
 
 
 def _is_internal_context(msg: dict) -> bool:
@@ -195,9 +212,9 @@ class OpenClawAdapter(HarnessAdapter):
         users = [m for m in shapes.messages(info) if shapes.role_of(m) == "user"]
         for msg in users[::-1][:8] + users[:4]:
             for piece in shapes.content_texts(msg.get("content")):
-                match = _RUNTIME_SESSION.search(piece)
-                if match:
-                    return match.group(1)
+                found = runtime_session(piece)
+                if found:
+                    return found
         return None
 
     def simulate_edits(self, messages: list[dict], *, drop_reasoning: bool = True,

@@ -99,6 +99,16 @@ def config_text(config: dict) -> str:
     return json.dumps(config, indent=2) + "\n"
 
 
+def spec_args(agent: str, settings: Mapping[str, str]) -> tuple[str, ...]:
+    """Arguments placed before the user's: Claude Code gets its variables again as
+    ``--settings '{"env": {...}}'``, because the ``env`` block of the user's own
+    ``~/.claude/settings.json`` (say, an ``ANTHROPIC_BASE_URL``) would otherwise override the
+    process environment, while command-line settings rank above user and project settings."""
+    if agent != "claude":
+        return ()
+    return ("--settings", json.dumps({"env": dict(settings)}, separators=(",", ":")))
+
+
 def plan_launch(agent: str, target: Target, environ: Mapping[str, str], extra_args: list[str] | tuple[str, ...] = (),
                 config_folder: Path | None = None) -> LaunchPlan:
     """The launch of ``agent`` against ``target`` from a process whose environment is ``environ``.
@@ -116,6 +126,6 @@ def plan_launch(agent: str, target: Target, environ: Mapping[str, str], extra_ar
         settings = {**settings, **proxy_bypass(environ, urlsplit(target.base_url).hostname or "")}
     env, cleared = child_environment(environ, settings)
     found = shutil.which(spec.executable, path=environ.get("PATH", ""))
-    argv = (found or spec.executable, *extra_args)
+    argv = (found or spec.executable, *spec_args(agent, settings), *extra_args)
     return LaunchPlan(agent, target, argv, found is not None, settings, cleared, env, path,
                       None if config is None else config_text(config))

@@ -58,6 +58,18 @@ def describe_prefix_cache(prefix, cache, max_model_len: int) -> str:
     return line
 
 
+def pool_context_limit(num_slots: int, page_size: int) -> int:
+    """Longest sequence (prompt + output, tokens) one request can always finish alone in a KV pool
+    of ``num_slots`` token slots.
+
+    A request that reuses a cached prefix ending inside a page cannot write into that shared page:
+    its own tokens start on fresh pages, so up to one page of slots is lost to the split, and the
+    generation-end commit step writes one slot past the last token. Two pages of slack cover both
+    (at least 1 token is always allowed).
+    """
+    return max(1, num_slots - 2 * page_size)
+
+
 class AsyncEngine(EngineClient):
     """:class:`EngineClient` over an :class:`Engine` running in a daemon thread.
 
@@ -94,10 +106,13 @@ class AsyncEngine(EngineClient):
             routing_recorder=routing_recorder, cache=cache,
         )
         prefix = self._engine.prefix
-        if prefix is not None and prefix.pool.num_slots < info.max_model_len:
-            # a request must fit the KV pool whole: advertise that as the context length, so the
-            # server answers an over-long prompt with its usual 400 (context_length_exceeded)
-            self.info = dataclasses.replace(info, max_model_len=prefix.pool.num_slots)
+        if prefix is not None:
+            fit = pool_context_limit(prefix.pool.num_slots, prefix.pool.page_size)
+            if fit < info.max_model_len:
+                # a request must fit the KV pool whole: advertise that as the context length, so
+                # the server answers an over-long prompt with its usual 400
+                # (context_length_exceeded) instead of a request that can never finish
+                self.info = dataclasses.replace(info, max_model_len=fit)
         self._inbox: queue.SimpleQueue[tuple] = queue.SimpleQueue()
         self._keys = itertools.count()
         self._lock = threading.Lock()

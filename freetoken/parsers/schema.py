@@ -78,9 +78,22 @@ def _no_constants(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON value")
 
 
+def finite_float(text: str) -> float:
+    """``float(text)`` for ``json`` ``parse_float``, refusing numbers that overflow to infinity
+    (``1e999``): they would be re-serialised as ``Infinity``, which is not JSON.
+
+    Raises:
+        ValueError: the literal does not fit a finite double.
+    """
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"number {text[:40]} does not fit a double")
+    return value
+
+
 def _json(text: str) -> Any:
     try:
-        value = json.loads(text, parse_constant=_no_constants)
+        value = json.loads(text, parse_constant=_no_constants, parse_float=finite_float)
     except ValueError:
         return _FAIL
     if isinstance(value, float) and not math.isfinite(value):

@@ -33,10 +33,11 @@ block (which the caller returns as plain text).
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
 
-from freetoken.parsers.schema import coerce_json_argument, coerce_parameter
+from freetoken.parsers.schema import coerce_json_argument, coerce_parameter, finite_float
 
 TOOL_OPEN = "<tool_call>"
 TOOL_CLOSE = "</tool_call>"
@@ -123,7 +124,7 @@ def _load_call_object(text: str, closed: bool) -> object:
     Raises:
         ValueError: not valid JSON even after these repairs.
     """
-    decoder = json.JSONDecoder(strict=False, parse_constant=_no_constants)
+    decoder = json.JSONDecoder(strict=False, parse_constant=_no_constants, parse_float=finite_float)
     try:
         value, end = decoder.raw_decode(text)
     except ValueError:
@@ -165,7 +166,8 @@ def parse_json_call(
         args = {}
     if isinstance(args, str):
         try:
-            args = json.loads(args, strict=False, parse_constant=_no_constants)
+            args = json.loads(args, strict=False, parse_constant=_no_constants,
+                              parse_float=finite_float)
         except ValueError:
             return None
     if not isinstance(args, dict):

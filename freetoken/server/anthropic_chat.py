@@ -28,6 +28,7 @@ from freetoken.server.messages import from_anthropic
 from freetoken.server.prompt import Prompt
 from freetoken.server.sampling import build_sampling, stop_strings
 from freetoken.server.streaming import named_event
+from harness_adapters import HarnessAdapter
 from freetoken.server.sessions import HarnessBinding
 from freetoken.server.tools import ToolPolicy, anthropic_tools
 
@@ -41,18 +42,18 @@ def enable_thinking(req: CountTokensRequest) -> bool:
 
 
 def render_request(
-    ctx: ServerContext, req: CountTokensRequest, binding: HarnessBinding | None = None
+    ctx: ServerContext, req: CountTokensRequest, adapter: HarnessAdapter | None = None
 ) -> tuple[Prompt, ToolPolicy]:
     """Render a Messages (or count_tokens) request; returns the prompt and its tool policy.
-    ``binding`` (the request's harness session) normalises the messages before templating.
+    ``adapter`` (the request's harness) normalises the messages before templating.
 
     Raises:
         APIError: 400 for bad blocks, tools or template errors.
     """
     policy = anthropic_tools(req)
     messages = from_anthropic(req.system, req.messages)
-    if binding is not None:
-        messages = binding.adapter.normalize(messages)
+    if adapter is not None:
+        messages = adapter.normalize(messages)
     return ctx.render(messages, policy, enable_thinking(req)), policy
 
 
@@ -66,7 +67,7 @@ def prepare_messages(
             maximum``.
     """
     stop = stop_strings(req.stop_sequences, "stop_sequences")
-    prompt, policy = render_request(ctx, req, binding)
+    prompt, policy = render_request(ctx, req, binding.adapter if binding is not None else None)
     ctx.check_context(len(prompt.token_ids), "anthropic", "messages")
     sampling = build_sampling(
         config=ctx.config,

@@ -46,8 +46,8 @@ def anthropic_router(ctx: ServerContext) -> APIRouter:
     async def count_tokens(request: Request) -> Response:
         """``{"input_tokens": N}``: tokens of the rendered prompt (nothing is generated)."""
         req, body = await read_body(request, CountTokensRequest)
-        binding = ctx.sessions.bind(request_info(request, "anthropic", body))
-        prompt, _ = await run_in_threadpool(render_request, ctx, req, binding)
+        adapter = ctx.sessions.adapter_for(request_info(request, "anthropic", body))
+        prompt, _ = await run_in_threadpool(render_request, ctx, req, adapter)
         return JSONResponse({"input_tokens": len(prompt.token_ids)})
 
     return router

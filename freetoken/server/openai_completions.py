@@ -5,7 +5,7 @@ template, no parser). Shapes follow the OpenAI Completions reference, including 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from sse_starlette import ServerSentEvent
@@ -28,6 +28,7 @@ from freetoken.server.openai_chat import (
 from freetoken.server.openai_protocol import CompletionRequest
 from freetoken.server.prompt import encode_text
 from freetoken.server.sampling import build_sampling, stop_strings
+from freetoken.server.sessions import HarnessBinding
 from freetoken.server.streaming import data_event
 
 log = logging.getLogger("freetoken.server")
@@ -45,6 +46,11 @@ class CompletionJob:
     model: str
     created: int
     want_logprobs: bool
+    binding: HarnessBinding | None = None
+
+    def record(self, ctx: ServerContext) -> Callable[[GenerationOutput], None]:
+        """The finish hook adding this request to its session's totals."""
+        return lambda out: ctx.record(self.binding, self.request.prompt_ids, out)
 
 
 def prompt_ids(ctx: ServerContext, prompt: str | list) -> tuple[int, ...]:
@@ -73,7 +79,9 @@ def prompt_ids(ctx: ServerContext, prompt: str | list) -> tuple[int, ...]:
     return ids
 
 
-def prepare_completion(ctx: ServerContext, req: CompletionRequest) -> CompletionJob:
+def prepare_completion(
+    ctx: ServerContext, req: CompletionRequest, binding: HarnessBinding | None = None
+) -> CompletionJob:
     """Validate a completions request, tokenize its prompt and clamp its sampling parameters
     (``max_tokens`` defaults to :data:`DEFAULT_MAX_TOKENS`).
 
@@ -102,11 +110,13 @@ def prepare_completion(ctx: ServerContext, req: CompletionRequest) -> Completion
         logprobs=req.logprobs,
     )
     rid = completion_id()
+    anchors = binding.anchors if binding is not None else None
     return CompletionJob(
-        GenerationRequest(rid, ids, sampling),
+        GenerationRequest(rid, ids, sampling, anchors),
         ctx.model_name(req.model),
         now(),
         req.logprobs is not None,
+        binding,
     )
 
 
@@ -144,7 +154,7 @@ async def complete_text(ctx: ServerContext, job: CompletionJob) -> dict:
     builder = _LogprobsBuilder()
     logprobs: dict = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
     last = None
-    async for out in engine_outputs(ctx.engine, job.request):
+    async for out in engine_outputs(ctx.engine, job.request, job.record(ctx)):
         texts.append(out.text)
         if job.want_logprobs:
             _merge(logprobs, builder.chunk(out))
@@ -179,7 +189,7 @@ async def stream_text(
         "model": job.model,
     }
     builder = _LogprobsBuilder()
-    outputs = engine_outputs(ctx.engine, job.request)
+    outputs = engine_outputs(ctx.engine, job.request, job.record(ctx))
     try:
         async for out in outputs:
             choice = {

@@ -9,7 +9,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from freetoken.server.context import ServerContext, now, parse_body, read_body
+from freetoken.server.context import ServerContext, now, read_body
 from freetoken.server.openai_chat import complete_chat, prepare_chat, stream_chat
 from freetoken.server.openai_completions import (
     complete_text,
@@ -42,7 +42,7 @@ def openai_router(ctx: ServerContext) -> APIRouter:
             "created_at": created_at,
             "max_model_len": ctx.engine.info.max_model_len,
             "max_input_tokens": ctx.engine.info.max_model_len - 1,
-            "max_tokens": ctx.config.max_output_tokens,
+            "max_tokens": min(ctx.config.max_output_tokens, ctx.engine.info.max_model_len - 1),
         }
 
     @router.post("/v1/chat/completions")
@@ -62,9 +62,10 @@ def openai_router(ctx: ServerContext) -> APIRouter:
     @router.post("/v1/completions")
     async def completions(request: Request) -> Response:
         """Create a text completion (``stream: true`` → SSE chunks)."""
-        req = await parse_body(request, CompletionRequest)
+        req, body = await read_body(request, CompletionRequest)
         ctx.check_healthy()
-        job = await run_in_threadpool(prepare_completion, ctx, req)
+        binding = ctx.sessions.bind(request_info(request, "openai", body))
+        job = await run_in_threadpool(prepare_completion, ctx, req, binding)
         if req.stream:
             usage = bool(req.stream_options and req.stream_options.include_usage)
             return sse_response(

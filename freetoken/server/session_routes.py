@@ -35,7 +35,8 @@ class CreateSessionRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     harness: str = Field(description="harness adapter name or alias")
-    model: str | None = Field(default=None, description="model name the harness will request")
+    model: str | None = Field(default=None, max_length=256,
+                              description="model name the harness will request")
     anchors: str | list[str] | None = Field(
         default=None, description="anchor kinds overriding the harness's checkpoint policy")
 
@@ -92,14 +93,14 @@ def session_router(ctx: ServerContext) -> APIRouter:
         data = [await describe(s) for s in store.list()]
         return JSONResponse({"object": "list", "data": data})
 
-    @router.get("/v1/sessions/{session_id}", responses=_answers(_SESSION_EXAMPLE))
+    @router.get("/v1/sessions/{session_id:path}", responses=_answers(_SESSION_EXAMPLE))
     async def get_session(session_id: str) -> Response:
         """One session's harness, anchors and totals: requests, prompt/reused/recomputed/
         generated tokens, checkpoints held on its latest prompt's path. 404 when unknown or
         expired."""
         return JSONResponse(await describe(store.get(session_id)))
 
-    @router.delete("/v1/sessions/{session_id}",
+    @router.delete("/v1/sessions/{session_id:path}",
                    responses=_answers({"id": "sess_5f0c…", "object": "session.deleted",
                                        "deleted": True}))
     async def delete_session(session_id: str) -> Response:

@@ -41,6 +41,8 @@ SESSION_HEADER = "x-freetoken-session"
 """Request header naming an explicit session (``POST /v1/sessions``)."""
 
 DEFAULT_CLIENT_KEY = "default"
+MAX_MODEL_NAME = 256
+"""Longest model name a session keeps (characters)."""
 
 
 @dataclass
@@ -273,6 +275,19 @@ class SessionStore:
             self._touch(session, info, version)
         return HarnessBinding(adapter, session, session.anchors)
 
+    def adapter_for(self, info: RequestInfo) -> HarnessAdapter:
+        """The adapter :meth:`bind` would use, without making or touching a session (for
+        ``count_tokens``, which is not a model call).
+
+        Raises:
+            APIError: as :meth:`bind`.
+        """
+        session_id = info.header(SESSION_HEADER)
+        if session_id:
+            return self.get(session_id).adapter
+        forced = info.header(HARNESS_HEADER)
+        return lookup_adapter(forced, HARNESS_HEADER) if forced else detect_adapter(info)
+
     def record(self, session: Session, prompt_ids: tuple[int, ...], prompt_tokens: int,
                cached_tokens: int, completion_tokens: int) -> None:
         """Add one finished request to ``session``'s totals (tokens)."""
@@ -318,14 +333,21 @@ class SessionStore:
         if version is not None:
             session.harness_version = version
         model = info.body.get("model") if isinstance(info.body, Mapping) else None
-        if not session.explicit and isinstance(model, str):
-            session.model = model
+        if isinstance(model, str) and (not session.explicit or session.model is None):
+            session.model = model[:MAX_MODEL_NAME]
         self._sessions.move_to_end(session.id)
 
     def _add(self, session: Session) -> None:
+        """Insert ``session``; beyond the cap the least recently used detected session goes
+        first (explicit ones only when no detected one is left), so a flood of new client ids
+        cannot push out sessions made with ``POST /v1/sessions``."""
         self._sessions[session.id] = session
         while len(self._sessions) > self.max_sessions:
-            self._sessions.popitem(last=False)
+            victim = next((k for k, s in self._sessions.items() if not s.explicit), None)
+            if victim is None:
+                self._sessions.popitem(last=False)
+            else:
+                del self._sessions[victim]
 
     def _expire(self, now: float) -> None:
         while self._sessions:

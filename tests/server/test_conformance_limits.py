@@ -166,19 +166,21 @@ def test_multi_token_stop_sequence_never_leaks_into_an_anthropic_stream(tiny):
 
 
 def test_a_kv_pool_smaller_than_the_context_sets_the_limit():
-    """``--kv-cache-bytes`` below one full-length sequence: the pool (whole pages) becomes the
-    advertised context, so an over-long prompt is the usual 400, never a 500 from the scheduler."""
+    """``--kv-cache-bytes`` below one full-length sequence: the pool less two pages (what a lone
+    request reusing a prefix that ends mid-page needs at most) becomes the advertised context, so
+    an over-long prompt is the usual 400, never a 500 or a request that cannot finish."""
     from freetoken.prefix.build import CacheConfig
 
     engine = AsyncEngine.from_pretrained(default_model_path(), dtype=torch.float32, device="cpu",
-                                         max_model_len=128, cache=CacheConfig(kv_cache_bytes=1))
+                                         max_model_len=128, cache=CacheConfig(kv_cache_bytes=96 * 1024))
     try:
         limit = engine.info.max_model_len
-        assert limit < 128 and limit == engine._engine.prefix.pool.num_slots
-        live = LiveServer(create_app(engine, ServerConfig(served_model_name="tiny", max_output_tokens=8)))
+        pool = engine._engine.prefix.pool
+        assert limit < 128 and limit == pool.num_slots - 2 * pool.page_size
+        live = LiveServer(create_app(engine, ServerConfig(served_model_name="tiny", max_output_tokens=64)))
         try:
             with httpx.Client(base_url=live.base_url, timeout=60) as http:
-                body = {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "word " * 30}]}
+                body = {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "word " * 60}]}
                 n = http.post("/v1/messages/count_tokens", json=body).json()["input_tokens"]
                 assert limit <= n < 128
                 r = http.post("/v1/messages", json=body)
@@ -187,6 +189,15 @@ def test_a_kv_pool_smaller_than_the_context_sets_the_limit():
                 r = http.post("/v1/chat/completions", json=body)
                 assert (r.status_code, r.json()["error"]["code"]) == (400, "context_length_exceeded")
                 assert http.get("/v1/models").json()["data"][0]["max_model_len"] == limit
+                # the same long request twice: the second reuses the cached prefix, which ends
+                # inside a page; both must run to the context limit (this hung when the pool itself
+                # was advertised as the context)
+                for _ in range(2):
+                    r = http.post("/v1/completions", json={
+                        "prompt": list(range(1, limit - 20)), "max_tokens": 100, "ignore_eos": True})
+                    assert r.status_code == 200, r.text
+                    assert (r.json()["choices"][0]["finish_reason"], r.json()["usage"]["completion_tokens"]) == (
+                        "length", 21)
                 ok = http.post("/v1/chat/completions", json={
                     "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
                     "chat_template_kwargs": OFF})

@@ -211,3 +211,46 @@ def test_metrics_per_harness(srv) -> None:
         before, "freetoken_harness_prompt_tokens_recomputed_total") + recomputed
     assert value(text, "freetoken_sessions") >= 1
     assert "# TYPE freetoken_harness_requests_total counter" in text
+
+
+def test_completions_use_sessions_too(srv) -> None:
+    r = srv.http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2},
+                      headers={"X-FreeToken-Session": "sess_missing"})
+    assert r.status_code == 404 and r.json()["error"]["code"] == "session_not_found"
+    r = srv.http.post("/v1/completions", json={"prompt": "hi"}, headers={"X-FreeToken-Harness": "nope"})
+    assert r.status_code == 400
+    made = srv.http.post("/v1/sessions", json={"harness": "opencode"}).json()
+    srv.engine.push("ab")
+    r = srv.http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2},
+                      headers={"X-FreeToken-Session": made["id"]})
+    assert r.status_code == 200, r.text
+    assert srv.engine.last.request.anchors == get_adapter("opencode").anchor_policy()
+    got = _session(srv, made["id"])
+    assert (got["requests"], got["prompt_tokens"]) == (1, r.json()["usage"]["prompt_tokens"])
+
+
+def test_count_tokens_makes_no_session(srv) -> None:
+    headers = {**CLAUDE_HEADERS, "x-claude-code-session-id": "count-only-0001"}
+    r = srv.http.post("/v1/messages/count_tokens", json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+                      headers=headers)
+    assert r.status_code == 200
+    assert srv.http.get("/v1/sessions/claude_code:count-only-0001").status_code == 404
+
+
+def test_session_ids_with_slashes_can_be_read(srv) -> None:
+    srv.engine.push("x")
+    assert _openai(srv, {"User-Agent": "opencode/1.18.33", "x-session-id": "a/b c"}).status_code == 200
+    assert _session(srv, "opencode:a%2Fb%20c")["harness"] == "opencode"
+    assert srv.http.delete("/v1/sessions/opencode:a/b c").status_code == 200
+
+
+def test_detected_sessions_never_push_out_explicit_ones() -> None:
+    clock = _Clock()
+    store = SessionStore(idle_timeout_s=60, max_sessions=3, clock=clock)
+    mine = store.create(get_adapter("claude_code"))
+    for i in range(10):
+        store.bind(RequestInfo("anthropic", "/v1/messages",
+                               {"user-agent": "claude-cli/2.1.197", "x-claude-code-session-id": f"s{i}"}, {}))
+    ids = [s.id for s in store.list()]
+    assert mine.id in ids and len(ids) == 3
+    assert ids[:2] == ["claude_code:s9", "claude_code:s8"]

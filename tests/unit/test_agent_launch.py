@@ -200,6 +200,12 @@ CLEARED = ["CLAUDE_CODE_USE_BEDROCK", "OPENAI_API_KEY", "GEMINI_API_KEY", "AWS_S
            "OPENROUTER_API_KEY"]
 
 
+def _lead(agent: str, settings: dict[str, str]) -> list[str]:
+    """Arguments launch puts before the user's: Claude Code's settings again as ``--settings``
+    (they rank above the user's own ~/.claude/settings.json)."""
+    return ["--settings", json.dumps({"env": settings}, separators=(",", ":"))] if agent == "claude" else []
+
+
 def _expected(agent: str, url: str, home: Path) -> tuple[dict[str, str], list[str], Path | None, dict | None]:
     """(exported settings, cleared names, config path, config document) a launch of ``agent`` must use."""
     launch_dir = home / ".config" / "freetoken" / "launch" / agent
@@ -226,7 +232,7 @@ def test_dry_run_prints_exact_settings_and_writes_nothing(agent: str, stub: Stub
     settings, cleared, path, config = _expected(agent, stub.url, user / "home")
     assert got["export"] == settings
     assert got["unset"] == cleared
-    assert got["argv"] == [str(fake), "-p", "fix it"]
+    assert got["argv"] == [str(fake), *_lead(agent, settings), "-p", "fix it"]
     assert got["config"] == config
     assert got["config_path"] == (None if path is None else str(path))
     assert got["mkdir"] == (None if path is None else str(path.parent))
@@ -246,7 +252,8 @@ def test_dry_run_names_the_install_command_of_a_missing_agent(stub: Stub, user: 
 def test_arguments_after_the_double_dash_reach_the_agent_verbatim(stub: Stub, user: Path,
                                                                    capsys: pytest.CaptureFixture[str]) -> None:
     got, _ = _dry_run("claude", stub, capsys, "--", "-p", "a 'quoted' arg", "--dry-run", "--model", "x", "--")
-    assert got["argv"] == ["claude", "-p", "a 'quoted' arg", "--dry-run", "--model", "x", "--"]
+    assert got["argv"] == ["claude", *_lead("claude", got["export"]), "-p", "a 'quoted' arg", "--dry-run",
+                           "--model", "x", "--"]
     assert got["export"]["ANTHROPIC_MODEL"] == "moe-test"
 
 
@@ -387,7 +394,8 @@ def _check_exec(launched: tuple[int, int, str], agent: str, url: str, user: Path
     dump = json.loads((user / "dump.json").read_text())
     assert dump["pid"] == pid, "the agent must replace the launcher process (exec), not run as its child"
     settings, cleared, path, config = _expected(agent, url, user / "home")
-    assert dump["argv"] == [str(user / "bin" / EXECUTABLES[agent]), "run", "two words", "--flag"]
+    assert dump["argv"] == [str(user / "bin" / EXECUTABLES[agent]), *_lead(agent, settings), "run", "two words",
+                            "--flag"]
     env = dump["env"]
     assert {k: env.get(k) for k in settings} == settings
     assert not set(cleared) & set(env), f"cloud credentials reached the agent: {set(cleared) & set(env)}"

@@ -1,0 +1,40 @@
+"""Put several replay runs of ``evals/run.py`` side by side.
+
+Usage::
+
+    python evals/compare.py OUT_A OUT_B ... [--out DIR]
+
+Writes DIR/compare.md (one table: TTFT mean/p50/max, decode tok/s, reuse ratio, and ratios of
+mean TTFT and decode tok/s against the first run) and DIR/compare.png, and prints the table.
+DIR defaults to the first run's folder. Exit status 2 when a folder is not a run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from evals.replay.comparison import compare_runs  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line; returns the exit status."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("runs", nargs="+", type=Path, help="run folders (the first is the baseline)")
+    p.add_argument("--out", type=Path, default=None, help="output folder (default: first run)")
+    args = p.parse_args(argv)
+    try:
+        md, png, table = compare_runs(args.runs, args.out or args.runs[0])
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"compare: {exc}", file=sys.stderr)
+        return 2
+    print(table)
+    print(f"wrote {md} and {png}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,113 @@
+"""Replay a workload (W1-W4) of recorded agent conversations against an endpoint.
+
+Usage::
+
+    python evals/run.py --workload W2 --endpoint http://127.0.0.1:8300 --limit-turns 5 --out /tmp/w2
+
+Writes OUT/turns.jsonl, OUT/summary.md, OUT/summary.json, OUT/ttft.png, OUT/decode_tps.png and
+OUT/reuse.png; exit status 0 when every turn succeeded, 1 when some failed (the files are still
+written), 2 for bad options. What is sent and measured: evals/README.md ("W1-W4 replay") and the
+docstrings of ``evals/replay/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from evals.replay.app import RunOptions, run_workload  # noqa: E402
+from evals.replay.report import fmt  # noqa: E402
+from evals.replay.workloads import WORKLOADS  # noqa: E402
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command line (``--help`` lists every option)."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--workload", required=True, choices=WORKLOADS)
+    p.add_argument("--endpoint", required=True,
+                   help="base URL of the engine, e.g. http://127.0.0.1:8300 (FreeToken or any "
+                        "OpenAI/Anthropic-compatible server)")
+    p.add_argument("--protocol", choices=["openai", "anthropic"], default=None,
+                   help="wire protocol (default: anthropic for W3, openai otherwise)")
+    p.add_argument("--traces", default=None,
+                   help="traces folder (default: <repo>/../shared/traces or $FREETOKEN_SHARED/"
+                        "traces; a missing folder or 'synthetic' uses the built-in synthetic set)")
+    p.add_argument("--limit-turns", type=_positive, default=None,
+                   help="replay only the first N model calls of the workload")
+    p.add_argument("--concurrency", type=_non_negative, default=None,
+                   help="most requests in flight (0: as recorded; default: 0 for W3, 1 otherwise)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="output folder (default: replay-out/<workload>-<label>)")
+    p.add_argument("--model", default=None,
+                   help="model name sent (default: the first id of GET /v1/models)")
+    p.add_argument("--api-key", default=None, help="API key (Bearer and x-api-key)")
+    p.add_argument("--label", default=None, help="run name in the reports (default: host:port)")
+    p.add_argument("--w1-max-tokens", type=_positive, default=512,
+                   help="output budget of calls without a recorded response (W1; default 512)")
+    p.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false",
+                   help="do not send ignore_eos: true (for peers that reject unknown fields)")
+    p.add_argument("--no-edits", dest="edits", action="store_false",
+                   help="send the recorded histories without the harness edit simulators")
+    p.add_argument("--select", action="append", default=[], metavar="SUBSTRING",
+                   help="only sessions whose name contains SUBSTRING (repeatable)")
+    p.add_argument("--harness-header", action="store_true",
+                   help="send X-FreeToken-Harness: <adapter> with every request")
+    p.add_argument("--temperature", type=float, default=1.0,
+                   help="sampling temperature sent (default 1.0, the APIs' default)")
+    p.add_argument("--timeout", type=float, default=600.0, help="per-request timeout (s)")
+    p.add_argument("--no-progress", dest="progress", action="store_false",
+                   help="no progress bar")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line; returns the exit status."""
+    args = parser().parse_args(argv)
+    label = args.label or re.sub(r"[^A-Za-z0-9._-]+", "_",
+                                 args.endpoint.split("://")[-1].rstrip("/"))
+    out = args.out or Path("replay-out") / f"{args.workload}-{label}"
+    opts = RunOptions(
+        workload=args.workload, endpoint=args.endpoint, out=out, protocol=args.protocol,
+        traces=args.traces, limit_turns=args.limit_turns, concurrency=args.concurrency,
+        model=args.model, api_key=args.api_key, label=args.label, w1_max_tokens=args.w1_max_tokens,
+        ignore_eos=args.ignore_eos, edits=args.edits, select=tuple(args.select),
+        harness_header=args.harness_header, progress=args.progress, timeout_s=args.timeout,
+        temperature=args.temperature)
+    try:
+        s = run_workload(opts)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"run: {exc}", file=sys.stderr)
+        return 2
+    print(f"{s['workload']} {s['label']}: {s['n_turns']} turns ({s['n_failed']} failed), "
+          f"TTFT mean {fmt(s['ttft_mean_s'])} s / p50 {fmt(s['ttft_p50_s'])} s / max "
+          f"{fmt(s['ttft_max_s'])} s, decode {fmt(s['decode_tps_mean'], 1)} tok/s, reuse "
+          f"{fmt(s['reuse_ratio'])}; wrote {out}")
+    return 1 if s["n_failed"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
