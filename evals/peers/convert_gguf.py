@@ -234,7 +234,7 @@ def convert(model_dir: str | Path, out_path: str | Path, outtype: str = "f32",
     w.write_header_to_file(tmp)
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
-    for n, (name, _kind, hf) in enumerate(_iter_logged(plan, log)):
+    for name, _kind, hf in _iter_logged(plan, log):
         w.write_tensor_data(_encode(ckpt, hf, dtypes[name]))
     w.close()
     tmp.replace(out_path)

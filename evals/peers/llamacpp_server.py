@@ -6,8 +6,8 @@ Usage (peer venv)::
         --n_threads 2 --n_threads_batch 2 --logits_all false ...
 
 Every flag of ``python -m llama_cpp.server`` is accepted unchanged (they are read with
-llama-cpp-python's own ``add_args_from_model`` / ``parse_model_from_args``). Two benchmark
-adaptations are added on top of the stock app, both in this file:
+llama-cpp-python's own ``add_args_from_model`` / ``parse_model_from_args``). Three benchmark
+adaptations are added on top of the stock app, all in this file:
 
 * ``ignore_eos``: the replay (``evals/run.py``) sends ``ignore_eos: true`` so every engine decodes
   exactly ``max_tokens`` tokens. llama-cpp-python's request model silently drops unknown fields,
@@ -15,6 +15,11 @@ adaptations are added on top of the stock app, both in this file:
   end-of-generation id of the vocabulary (``llama_vocab_is_eog``), which the server supports;
   greedy output then never ends early. (FreeToken emits the EOS token and continues; llama.cpp
   picks the next-best token instead: the same number of decode steps.)
+* text-part content: llama-cpp-python's typed request model accepts a list of content parts
+  only in user messages and answers 500 for an assistant/system/tool message whose ``content``
+  is ``[{"type": "text", "text": ...}]`` (valid OpenAI, sent by OpenClaw in W4). Such a list of
+  text parts is joined into one string, which the chat template renders identically (FreeToken's
+  templates concatenate text parts).
 * streamed ``usage``: llama-cpp-python's streams carry no token counts. ``Llama.generate`` is
   wrapped to record the prompt length, the prompt tokens it reuses from the previous request
   (the same longest-common-prefix rule as ``Llama.generate``: a fully cached prompt still
@@ -102,9 +107,21 @@ def eog_ids(llm: Llama) -> list[int]:
     return [i for i in range(llm.n_vocab()) if llama_cpp.llama_vocab_is_eog(vocab, i)]
 
 
+def join_text_parts(messages) -> None:
+    """In place: every message whose ``content`` is a non-empty list of only ``{"type": "text"}``
+    parts gets the concatenated string instead (lists with other part types are left alone)."""
+    for message in messages if isinstance(messages, list) else ():
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, list) and content and all(
+                isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                for p in content):
+            message["content"] = "".join(p["text"] for p in content)
+
+
 class IgnoreEosMiddleware:
-    """ASGI middleware: ``ignore_eos: true`` in a completion body -> ``logit_bias`` bans on the
-    EOG ids (merged with any ``logit_bias`` already there); other requests pass untouched.
+    """ASGI middleware on completion bodies: ``ignore_eos: true`` -> ``logit_bias`` bans on the
+    EOG ids (merged with any ``logit_bias`` already there), and text-part lists joined
+    (:func:`join_text_parts`); other requests pass untouched.
 
     Args:
         app: the wrapped ASGI app.
@@ -130,9 +147,11 @@ class IgnoreEosMiddleware:
             data = json.loads(body)
         except ValueError:
             data = None
-        if isinstance(data, dict) and data.pop("ignore_eos", False):
-            data["logit_bias"] = {**self.bias, **(data.get("logit_bias") or {})}
-            data.pop("logit_bias_type", None)  # keys are token ids
+        if isinstance(data, dict):
+            if data.pop("ignore_eos", False):
+                data["logit_bias"] = {**self.bias, **(data.get("logit_bias") or {})}
+                data.pop("logit_bias_type", None)  # keys are token ids
+            join_text_parts(data.get("messages"))
             body = json.dumps(data).encode("utf-8")
         headers = [(k, v) for k, v in scope["headers"] if k.lower() != b"content-length"]
         headers.append((b"content-length", str(len(body)).encode()))

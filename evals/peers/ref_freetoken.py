@@ -8,8 +8,9 @@ For every chat in ``parity_prompts.CHATS`` the prompt is rendered with the check
 template and tokenised by FreeToken's tokenizer, then decoded greedily by FreeToken's engine
 (``AsyncEngine``, temperature 0, ``ignore_eos`` so exactly N tokens come out) with the top-20
 raw logprobs of every step (FreeToken normalises over the tokenizer's ids only, not the padded
-embedding rows; ``sampleable_vocab`` records that size). ``parity_prompts.TEXTS`` are tokenised too. The JSON written is read
-by ``parity_llamacpp.py`` (peer venv), which replays the same ids through llama.cpp.
+embedding rows; ``sampleable_vocab`` records that size). ``parity_prompts.TEXTS`` are tokenised
+too. The JSON written is read by ``parity_llamacpp.py`` (peer venv), which replays the same ids
+through llama.cpp.
 """
 
 from __future__ import annotations
@@ -53,9 +54,10 @@ def reference(model_dir: str | Path, n_tokens: int, dtype: torch.dtype) -> dict:
     """Greedy outputs of FreeToken's engine on ``CHATS`` and the token ids of ``TEXTS``.
 
     Returns:
-        ``{"model_dir", "dtype", "n_tokens", "sampleable_vocab", "texts": [{"text", "ids"}], "chats": [{"messages",
-        "prompt", "prompt_ids", "output_ids", "steps": [{"token", "logprob", "top": [[id,
-        logprob]...]}]}], "seconds"}``; logprobs are natural-log raw softmax values (float).
+        ``{"model_dir", "dtype", "n_tokens", "sampleable_vocab", "texts": [{"text", "ids"}],
+        "chats": [{"messages", "prompt", "prompt_ids", "output_ids", "steps": [{"token",
+        "logprob", "top": [[id, logprob]...]}]}], "seconds"}``; logprobs are natural-log raw
+        softmax values (float) over the tokenizer's ids.
 
     Raises:
         FileNotFoundError, ValueError: from the engine's loader.
