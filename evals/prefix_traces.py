@@ -39,6 +39,7 @@ from freetoken.server.openai_protocol import ChatCompletionRequest, ChatMessage
 from freetoken.server.prompt import render_prompt
 from freetoken.server.tools import anthropic_tools, openai_tools
 from freetoken.tokenizer.tokenizer import Tokenizer
+from evals.replay import traces as replay_traces
 from harness_adapters import get_adapter
 
 IM_END = "<|im_end|>"
@@ -128,37 +129,19 @@ GROUPS: tuple[Group, ...] = (
 
 # ---------------------------------------------------------------------------------- loading
 def load_thread(path: Path) -> Thread:
-    """Read one trace file.
+    """Read one trace file (``evals.replay.traces.load_thread``) as :class:`TraceCall` s.
 
     Raises:
-        FileNotFoundError: no such file. ValueError: an empty file or a line without messages.
+        FileNotFoundError: no such file. ValueError: an empty file, a line that is not JSON or a
+            line without messages.
     """
-    lines = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
-    if not lines:
-        raise ValueError(f"{path}: no model calls")
-    meta = lines[0].get("meta") or {}
-    protocol = "anthropic" if str(meta.get("protocol", "")).startswith("anthropic") else "openai"
+    thread = replay_traces.load_thread(path)
     calls = []
-    for i, line in enumerate(lines):
-        if not isinstance(line.get("messages"), list) or not line["messages"]:
-            raise ValueError(f"{path}: line {i + 1} has no messages")
+    for i, line in enumerate(thread.lines):
         row = (line.get("meta") or {}).get("row")
-        calls.append(TraceCall(path.stem, i, protocol, line["messages"], line.get("tools"),
+        calls.append(TraceCall(path.stem, i, thread.protocol, line["messages"], line.get("tools"),
                                line.get("response"), row if isinstance(row, int) else None))
-    return Thread(path.stem, tuple(calls), meta)
-
-
-def _called(response: dict | None) -> list[tuple[str, str]]:
-    """``(tool name, call id)`` of every tool call in a recorded response (both wire formats)."""
-    if not response:
-        return []
-    out = [(str(c.get("function", {}).get("name", "")), str(c.get("id") or ""))
-           for c in response.get("tool_calls") or []]
-    content = response.get("content")
-    if isinstance(content, list):
-        out += [(str(b.get("name", "")), str(b.get("id", ""))) for b in content
-                if isinstance(b, dict) and b.get("type") == "tool_use"]
-    return out
+    return Thread(path.stem, tuple(calls), thread.meta)
 
 
 def _round_robin(threads: list[Thread]) -> list[TraceCall]:
@@ -177,16 +160,7 @@ def merge_session(name: str, threads: list[Thread]) -> Trace:
         return Trace(name, tuple(sorted(calls, key=lambda c: c.row)))
     main = next((t for t in threads if t.name.endswith("__main")), threads[0])
     subs = [t for t in threads if t is not main]
-    spawn: dict[int, list[Thread]] = {}
-    task_calls = [i for i, c in enumerate(main.calls)
-                  for tool, _ in _called(c.response) if tool.lower() == "task"]
-    for n, sub in enumerate(subs):
-        parent_id = sub.meta.get("parent_task_tool_use_id")
-        at = next((i for i, c in enumerate(main.calls)
-                   if parent_id and parent_id in {cid for _, cid in _called(c.response)}), None)
-        if at is None and parent_id is None and n < len(task_calls):
-            at = task_calls[n]
-        spawn.setdefault(len(main.calls) - 1 if at is None else at, []).append(sub)
+    spawn = replay_traces.spawn_points([c.response for c in main.calls], subs)
     merged: list[TraceCall] = []
     for i, call in enumerate(main.calls):
         merged.append(call)

@@ -3,8 +3,9 @@ each with the calls it has to wait for.
 
 File format: ``traces/README.md`` (one model call per line: ``messages``, ``tools``,
 ``response``, ``meta``). Files of one session share the name before ``__``. Order within a
-session follows ``evals/prefix_traces.py`` (re-implemented here without its torch-importing
-renderer, so the replay client runs without the engine installed):
+session is the one ``evals/prefix_traces.py`` uses (it reads files with :func:`load_thread` and
+places sub-agents with :func:`spawn_points` from here; this module imports no torch, so the replay
+client runs without the engine installed):
 
 * claude-trace captures (every call has ``meta.row``): one chain in capture-row order;
 * otherwise the ``__main`` file (else the first file) is the main thread; every other file is a
@@ -105,6 +106,31 @@ def called_ids(response: dict | None) -> list[tuple[str, str]]:
     return out
 
 
+def spawn_points(main_responses: list[dict | None], subs: list) -> dict[int, list]:
+    """Where each sub-agent thread of a session starts: ``{index of the main-thread call it
+    follows: [sub threads spawned there, in order]}`` (module docstring).
+
+    A sub thread (anything with a ``meta`` dict) goes after the main call whose response holds its
+    ``meta.parent_task_tool_use_id``; without that id, the n-th sub goes after the main thread's
+    n-th call of a tool named ``task``; otherwise after the last main call.
+
+    Args:
+        main_responses: the recorded response of every main-thread call, in order.
+        subs: the other threads of the session, in order.
+    """
+    ids = [{cid for _, cid in called_ids(r)} for r in main_responses]
+    task_at = [i for i, r in enumerate(main_responses)
+               for name, _ in called_ids(r) if name.lower() == "task"]
+    spawn: dict[int, list] = {}
+    for n, sub in enumerate(subs):
+        parent = sub.meta.get("parent_task_tool_use_id")
+        at = next((i for i, got in enumerate(ids) if parent and parent in got), None)
+        if at is None and parent is None and n < len(task_at):
+            at = task_at[n]
+        spawn.setdefault(len(main_responses) - 1 if at is None else at, []).append(sub)
+    return spawn
+
+
 def _calls(thread: Thread, session: str, harness: str) -> list[Call]:
     return [Call(f"{thread.name}#{i}", session, thread.name, i, thread.protocol, harness,
                  line["messages"], line.get("tools"), line.get("response"))
@@ -130,16 +156,7 @@ def plan_session(session: str, threads: list[Thread], harness_of) -> list[Call]:
     main = next((t for t in threads if t.name.endswith("__main")), threads[0])
     subs = [t for t in threads if t is not main]
     main_calls = per_thread[main.name]
-    task_at = [i for i, c in enumerate(main_calls)
-               for name, _ in called_ids(c.response) if name.lower() == "task"]
-    spawn: dict[int, list[Thread]] = {}
-    for n, sub in enumerate(subs):
-        parent = sub.meta.get("parent_task_tool_use_id")
-        at = next((i for i, c in enumerate(main_calls)
-                   if parent and parent in {cid for _, cid in called_ids(c.response)}), None)
-        if at is None and parent is None and n < len(task_at):
-            at = task_at[n]
-        spawn.setdefault(len(main_calls) - 1 if at is None else at, []).append(sub)
+    spawn = spawn_points([c.response for c in main_calls], subs)
     out: list[Call] = []
     waiting: list[str] = []  # last call of every sub-agent thread spawned so far
     for i, call in enumerate(main_calls):
