@@ -22,26 +22,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from evals.replay.app import RunOptions, run_workload  # noqa: E402
 from evals.replay.report import fmt  # noqa: E402
 from evals.replay.workloads import WORKLOADS  # noqa: E402
+from freetoken.cli import int_at_least  # noqa: E402
 
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def _non_negative(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
+_positive = int_at_least(1)
+_non_negative = int_at_least(0)
 
 
 def parser() -> argparse.ArgumentParser:

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 
-def _int_at_least(low: int, high: int | None = None):
+def int_at_least(low: int, high: int | None = None):
     """argparse ``type`` accepting an int in ``[low, high]`` (``high`` None: no upper bound)."""
 
     def parse(text: str) -> int:
@@ -29,18 +29,18 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", type=Path, default=None,
                    help="HF checkpoint directory (default: the embedded tiny qwen3_next model)")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
-    p.add_argument("--port", type=_int_at_least(0, 65535), default=8000,
+    p.add_argument("--port", type=int_at_least(0, 65535), default=8000,
                    help="TCP port (default 8000; 0 picks a free one)")
     p.add_argument("--served-model-name", default=None,
                    help="name listed by /v1/models (default: the checkpoint folder name)")
-    p.add_argument("--max-output-tokens", type=_int_at_least(1), default=4096,
+    p.add_argument("--max-output-tokens", type=int_at_least(1), default=4096,
                    help="server cap on generated tokens per request; larger requests are clamped")
-    p.add_argument("--max-model-len", type=_int_at_least(2), default=None,
+    p.add_argument("--max-model-len", type=int_at_least(2), default=None,
                    help="context length in tokens (default: the config's max_position_embeddings)")
     p.add_argument("--api-key", default=None, help="require this key (Bearer or x-api-key)")
-    p.add_argument("--session-idle-timeout", type=_int_at_least(1), default=3600, metavar="S",
+    p.add_argument("--session-idle-timeout", type=int_at_least(1), default=3600, metavar="S",
                    help="seconds after which an idle harness session expires (default 3600)")
-    p.add_argument("--max-sessions", type=_int_at_least(1), default=1024,
+    p.add_argument("--max-sessions", type=int_at_least(1), default=1024,
                    help="most harness sessions kept (least recently used dropped; default 1024)")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
                    help="compute dtype (default float32)")
@@ -65,19 +65,19 @@ def _add_cache_options(p: argparse.ArgumentParser) -> None:
 
     g = p.add_argument_group("batching and prefix reuse (paged KV, radix tree, recurrent-state "
                              "checkpoints at semantic anchors)")
-    g.add_argument("--max-running-requests", type=_int_at_least(1, 1024),
+    g.add_argument("--max-running-requests", type=int_at_least(1, 1024),
                    default=DEFAULT_MAX_RUNNING_REQUESTS, metavar="N",
                    help=f"requests batched concurrently (default {DEFAULT_MAX_RUNNING_REQUESTS})")
-    g.add_argument("--page-size", type=_int_at_least(1, 4096), default=DEFAULT_PAGE_SIZE,
+    g.add_argument("--page-size", type=int_at_least(1, 4096), default=DEFAULT_PAGE_SIZE,
                    metavar="TOKENS", help=f"tokens per KV page (default {DEFAULT_PAGE_SIZE})")
     g.add_argument("--kv-cache-bytes", type=_size, default=None, metavar="SIZE",
                    help="KV page pool size, taken as given (e.g. 8GiB; requests longer than the "
                         "pool are refused; default: max-running-requests full-length sequences "
                         "within a quarter of device memory, at least one sequence)")
-    g.add_argument("--max-num-batched-tokens", type=_int_at_least(1), default=2048,
+    g.add_argument("--max-num-batched-tokens", type=int_at_least(1), default=2048,
                    metavar="TOKENS", help="token budget of one engine step: the longest prefill "
                                           "chunk (default 2048)")
-    g.add_argument("--state-checkpoint-slots", type=_int_at_least(0),
+    g.add_argument("--state-checkpoint-slots", type=int_at_least(0),
                    default=DEFAULT_CHECKPOINT_SLOTS, metavar="N",
                    help="device-tier recurrent-state checkpoint slots "
                         f"(default {DEFAULT_CHECKPOINT_SLOTS})")
@@ -116,7 +116,7 @@ def _add_moe_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--moe-profile", type=Path, default=None, metavar="FILE",
                    help="B_P/B_H profile from `freetoken profile` (default: the stored profile of "
                         "this model and device, measured at start-up when missing)")
-    g.add_argument("--moe-log-every", type=_int_at_least(0), default=0, metavar="STEPS",
+    g.add_argument("--moe-log-every", type=int_at_least(0), default=0, metavar="STEPS",
                    help="log an expert-cache summary every STEPS engine steps (0: never)")
     g.add_argument("--record-routing", type=Path, default=None, metavar="FILE",
                    help="record every MoE layer's top-k expert ids to FILE (.npz, the format of "
