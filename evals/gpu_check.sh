@@ -12,6 +12,6 @@ py=.venv/bin/python
 $py -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else '')" | tee "$out/env.txt"
 export FREETOKEN_TEST_DEVICE=cuda
 timeout 240 $py -m pytest -q -p no:cacheprovider tests/offload/test_runtime_exactness.py \
-  tests/offload/test_offload_model.py 2>&1 | tail -15 | tee "$out/tests.txt"
+  tests/offload/test_offload_model.py tests/offload/test_watcher.py 2>&1 | tail -15 | tee "$out/tests.txt"
 timeout 60 $py -m freetoken.cli profile --device cuda --dtype bfloat16 2>&1 | tee "$out/profile.txt"
 timeout 200 $py -m evals.bench_moe_decode --device cuda --steps 16 --warmup 4 2>&1 | tee "$out/bench_decode.txt"

@@ -112,9 +112,14 @@ class ExpertBanks:
             dn = self.down.index_select(0, index).to(device, non_blocking=non_blocking)
             return gu, dn
         v = self.view
-        gu = tuple(t.index_select(0, index).to(device, non_blocking=non_blocking) for t in v.gate_up)
-        dn = tuple(t.index_select(0, index).to(device, non_blocking=non_blocking) for t in v.down)
-        return dequantize_bank(v.format, gu), dequantize_bank(v.format, dn)
+
+        def move(bank: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+            # one row view at a time: from page-locked banks each copy is a DMA (index_select
+            # would first gather into pageable memory)
+            return tuple(torch.stack([t[n].to(device, non_blocking=non_blocking) for n in ids])
+                         for t in bank)
+
+        return dequantize_bank(v.format, move(v.gate_up)), dequantize_bank(v.format, move(v.down))
 
     @property
     def nbytes(self) -> int:
@@ -150,8 +155,10 @@ class ExpertBanks:
         pinned memory; if that fails too (e.g. the locked-memory limit) it logs a warning and
         keeps the pageable banks.
         """
-        if self.pinned or not torch.cuda.is_available() or self.view is not None:
+        if self.pinned or not torch.cuda.is_available():
             return self.pinned
+        if self.view is not None:  # 4-bit banks: register every code / scale tensor in place
+            return self._register(self.view.gate_up + self.view.down)
         try:
             cudart = torch.cuda.cudart()
             for bank in (self.gate_up, self.down):
@@ -168,3 +175,20 @@ class ExpertBanks:
             except Exception as exc2:  # noqa: BLE001
                 logger.warning("could not pin the expert banks (%s); fills stay synchronous", exc2)
         return self.pinned
+
+    def _register(self, tensors: tuple[torch.Tensor, ...]) -> bool:
+        """``cudaHostRegister`` each tensor in place; on failure unregister what was registered,
+        log a warning and stay pageable."""
+        cudart = torch.cuda.cudart()
+        done: list[torch.Tensor] = []
+        for t in tensors:
+            code = int(cudart.cudaHostRegister(t.data_ptr(), t.nbytes, 0))
+            if code != 0:
+                for r in done:
+                    cudart.cudaHostUnregister(r.data_ptr())
+                logger.warning("could not pin the 4-bit expert banks (cudaHostRegister returned "
+                               "%d); fills stay synchronous", code)
+                return False
+            done.append(t)
+        self.pinned = True
+        return True

@@ -182,13 +182,13 @@ class ExpertCache:
         b = self.banks
         if not ids:
             return
+        non_blocking = b.pinned and self.device.type == "cuda"
         if b.view is not None:  # 4-bit banks: move the codes, dequantise on the device
-            gate_up, down = b.rows(ids, self.device)
+            gate_up, down = b.rows(ids, self.device, non_blocking=non_blocking)
             index = torch.tensor(slots, dtype=torch.int64, device=self.device)
             self.gate_up.index_copy_(0, index, gate_up.to(self.dtype))
             self.down.index_copy_(0, index, down.to(self.dtype))
             return
-        non_blocking = b.pinned and self.device.type == "cuda"
         for n, s in zip(ids, slots):
             self.gate_up[s].copy_(b.gate_up[n], non_blocking=non_blocking)
             self.down[s].copy_(b.down[n], non_blocking=non_blocking)
@@ -208,11 +208,18 @@ class ExpertCache:
         self.slot_of[ids] = torch.arange(n, device=self.device)
         self._copy_rows(ids.tolist(), list(range(n)))
 
-    def resize(self, num_slots: int) -> ResizeResult:
+    def resize(self, num_slots: int, reload: bool = False) -> ResizeResult:
         """Reallocate the pool with ``num_slots`` slots, keeping the highest-scored residents.
 
-        Kept experts are copied device-to-device (banks are not read); everything else in the
-        engine is untouched. Peak device memory is the old plus the new pool.
+        Everything else in the engine is untouched; kept experts stay in slots ``0..k-1`` in
+        their old slot order.
+
+        Args:
+            num_slots: the new S.
+            reload: False: kept experts are copied device-to-device (banks are not read; peak
+                device memory is the old plus the new pool). True (low-peak mode, used under
+                memory pressure): the old pool is freed first and the kept experts are copied
+                again from the host banks (peak = the larger pool; costs ``k`` fills).
 
         Raises:
             ValueError: ``num_slots`` outside ``[1, N]``.
@@ -224,13 +231,18 @@ class ExpertCache:
         keep = full[torch.sort(-score, stable=True).indices[:num_slots]]
         keep = torch.sort(keep).values  # keep slot order for determinism
         kept_ids = self.id_of[keep]
-        old_gate_up, old_down = self.gate_up, self.down
-        self._allocate(num_slots)
         k = keep.numel()
-        if k:
-            self.gate_up[:k] = old_gate_up[keep]
-            self.down[:k] = old_down[keep]
-        del old_gate_up, old_down
+        if reload:
+            self.gate_up = self.down = None  # drop the old pool before allocating the new one
+            self._allocate(num_slots)
+            self._copy_rows(kept_ids.tolist(), list(range(k)))
+        else:
+            old_gate_up, old_down = self.gate_up, self.down
+            self._allocate(num_slots)
+            if k:
+                self.gate_up[:k] = old_gate_up[keep]
+                self.down[:k] = old_down[keep]
+            del old_gate_up, old_down
         self.slot_of.fill_(-1)
         self.id_of[:k] = kept_ids
         self.slot_of[kept_ids] = torch.arange(k, device=self.device)

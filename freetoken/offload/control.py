@@ -65,6 +65,9 @@ class MoeStats:
         bandwidth_h_gbps: profiled B_H in GB/s, or None.
         pending_resize_bytes: a resize waiting for the next step boundary, or None.
         layers: per-layer counters, ordered by layer.
+        memory_floor_bytes: free device bytes the memory watcher keeps, or None without one.
+        watcher_shrinks: cache shrinks done by the memory watcher.
+        watcher_grows: cache regrows done by the memory watcher.
     """
 
     backend: str
@@ -80,6 +83,9 @@ class MoeStats:
     bandwidth_h_gbps: float | None
     pending_resize_bytes: int | None
     layers: tuple[LayerStats, ...]
+    memory_floor_bytes: int | None = None
+    watcher_shrinks: int = 0
+    watcher_grows: int = 0
 
     @property
     def cache_bytes(self) -> int:

@@ -11,7 +11,8 @@ Per MoE layer and step (FreeToken paper §3.2-3.3, :meth:`OffloadRuntime.forward
 
 Step boundaries (:meth:`begin_step` / :meth:`end_step`, called by the model runner around each
 forward) advance the policy clock and apply a pending :meth:`resize_expert_cache`, so a resize
-lands between two steps while requests keep running.
+lands between two steps while requests keep running; an optional memory watcher
+(``freetoken.offload.watcher``) may shrink or regrow the cache there too.
 """
 
 from __future__ import annotations
@@ -83,6 +84,8 @@ class OffloadRuntime:
         self._lock = threading.Lock()
         self._pending: int | None = None
         self.step_index = 0
+        self.requested_slots = cache.num_slots  # the size asked for (load, admin resize)
+        self.watcher = None  # a freetoken.offload.watcher.MemoryWatcher, or None
 
     # --- forward --------------------------------------------------------------------------
     def forward(self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor,
@@ -139,6 +142,8 @@ class OffloadRuntime:
             logger.info("expert cache resized: %d -> %d slots (%.1f MiB), kept %d experts",
                         result.old_slots, result.new_slots, result.cache_bytes / 2**20,
                         result.kept)
+        if self.watcher is not None:
+            self.watcher.check()
         self.cache.scores.begin_step()
 
     def end_step(self) -> None:
@@ -180,12 +185,15 @@ class OffloadRuntime:
             self._pending = num_bytes
 
     def resize_now(self, num_bytes: int) -> ResizeResult:
-        """Resize at once (engine thread, between steps); keeps the best-scored residents.
+        """Resize at once (engine thread, between steps); keeps the best-scored residents. The
+        new size becomes the one a memory watcher grows back to.
 
         Raises:
             ValueError: ``num_bytes`` < 1.
         """
-        return self.cache.resize(self.slots_for_bytes(num_bytes))
+        result = self.cache.resize(self.slots_for_bytes(num_bytes))
+        self.requested_slots = result.new_slots
+        return result
 
     def stats(self) -> MoeStats:
         """Snapshot of configuration and per-layer counters."""
@@ -204,4 +212,7 @@ class OffloadRuntime:
             total_experts=self.banks.num_ids, bank_bytes=self.banks.nbytes,
             banks_pinned=self.banks.pinned, split_ratio=self.split.fill_fraction,
             bandwidth_p_gbps=bp, bandwidth_h_gbps=bh, pending_resize_bytes=pending, layers=layers,
+            memory_floor_bytes=self.watcher.floor if self.watcher else None,
+            watcher_shrinks=self.watcher.shrinks if self.watcher else 0,
+            watcher_grows=self.watcher.grows if self.watcher else 0,
         )

@@ -82,6 +82,7 @@ def memory_body(stats: MoeStats) -> dict:
             "bank_bytes": stats.bank_bytes,
             "banks_pinned": stats.banks_pinned,
             "pending_resize_bytes": stats.pending_resize_bytes,
+            "memory_floor_bytes": stats.memory_floor_bytes,
         },
     }
 

@@ -113,6 +113,7 @@ def _moe_lines(stats: MoeStats) -> list[str]:
     bandwidth = [({"link": link}, gbps) for link, gbps in
                  (("p", stats.bandwidth_p_gbps), ("h", stats.bandwidth_h_gbps)) if gbps is not None]
     pending = [] if stats.pending_resize_bytes is None else [({}, stats.pending_resize_bytes)]
+    floor = [] if stats.memory_floor_bytes is None else [({}, stats.memory_floor_bytes)]
     lines = [
         *family("freetoken_moe_info", "gauge", "Offloaded MoE runtime configuration.",
                 [(info, 1)]),
@@ -135,6 +136,13 @@ def _moe_lines(stats: MoeStats) -> list[str]:
                 bandwidth),
         *family("freetoken_moe_pending_resize_bytes", "gauge",
                 "Expert cache size waiting for the next step boundary.", pending),
+        *family("freetoken_moe_memory_floor_bytes", "gauge",
+                "Free device bytes the memory watcher keeps (--moe-memory-floor).", floor),
+        *family("freetoken_moe_watcher_resizes_total", "counter",
+                "Expert cache resizes by the memory watcher.",
+                [] if stats.memory_floor_bytes is None else
+                [({"direction": "shrink"}, stats.watcher_shrinks),
+                 ({"direction": "grow"}, stats.watcher_grows)]),
     ]
     for suffix, attr, help_text in _LAYER_COUNTERS:
         lines += family(f"freetoken_moe_{suffix}", "counter", help_text,

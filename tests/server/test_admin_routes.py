@@ -35,7 +35,8 @@ def test_get_reports_the_cache_from_between_steps(srv) -> None:
         "backend": "hybrid", "policy": "lru", "device": "cuda:0",
         "expert_cache": {"slots": 96, "slot_bytes": 16 * MIB, "bytes": 96 * 16 * MIB,
                          "total_experts": 4096, "bank_bytes": 4096 * 16 * MIB,
-                         "banks_pinned": True, "pending_resize_bytes": 2 * 2**30},
+                         "banks_pinned": True, "pending_resize_bytes": 2 * 2**30,
+                         "memory_floor_bytes": None},
     })
     assert srv.engine.between_steps_calls == 1
 

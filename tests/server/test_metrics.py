@@ -209,3 +209,16 @@ def test_metrics_needs_the_key_when_the_server_has_one(make_server) -> None:
     r = served.http.get("/metrics", headers={"Authorization": "Bearer s3cret"})
     assert r.status_code == 200 and r.text == render_metrics(EngineCounters(), None)
     served.assert_healthy()  # /health stays open
+
+
+def test_memory_watcher_families_only_with_a_floor() -> None:
+    stats = FakeMoe(slots=3, slot_bytes=MIB, total_experts=8).stats()
+    assert "watcher" not in render_metrics(EngineCounters(), stats)
+    watched = type(stats)(**{**stats.__dict__, "memory_floor_bytes": 2 * 2**30,
+                             "watcher_shrinks": 3, "watcher_grows": 1})
+    lines = render_metrics(EngineCounters(), watched).splitlines()
+    at = lines.index("# TYPE freetoken_moe_memory_floor_bytes gauge")
+    assert lines[at + 1] == "freetoken_moe_memory_floor_bytes 2147483648"
+    at = lines.index("# TYPE freetoken_moe_watcher_resizes_total counter")
+    assert lines[at + 1:at + 3] == ['freetoken_moe_watcher_resizes_total{direction="shrink"} 3',
+                                    'freetoken_moe_watcher_resizes_total{direction="grow"} 1']
