@@ -1,12 +1,14 @@
 """Put several replay runs of ``evals/run.py`` side by side.
 
-Usage::
+Usage (with the project's venv python)::
 
-    python evals/compare.py OUT_A OUT_B ... [--out DIR]
+    .venv/bin/python evals/compare.py OUT_A OUT_B ... [--out DIR]
 
-Writes DIR/compare.md (one table: TTFT mean/p50/max, decode tok/s, reuse ratio, and ratios of
-mean TTFT and decode tok/s against the first run) and DIR/compare.png, and prints the table.
-DIR defaults to the first run's folder. Exit status 2 when a folder is not a run.
+Writes DIR/compare.md (one table: traces source, protocol, turns, failed turns, TTFT
+mean/p50/max, decode tok/s, reuse ratio, and ratios of mean TTFT and decode tok/s against the
+first run, left blank for a run that is not comparable with it: ``evals/replay/comparison.py``)
+and DIR/compare.png, and prints the table. DIR defaults to the first run's folder. Exit status 2
+when a folder is not a run (or a file), or DIR cannot be an output folder.
 """
 
 from __future__ import annotations
@@ -18,17 +20,22 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from evals.replay.comparison import compare_runs  # noqa: E402
+from evals.replay.report import check_out_dir  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("runs", nargs="+", type=Path, help="run folders (the first is the baseline)")
-    p.add_argument("--out", type=Path, default=None, help="output folder (default: first run)")
+    p = argparse.ArgumentParser(prog="evals/compare.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("runs", nargs="+", type=Path,
+                   help="run folders of evals/run.py (the first is the baseline)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="output folder (default: the first run's folder)")
     args = p.parse_args(argv)
     try:
+        if args.out is not None:
+            check_out_dir(args.out)
         md, png, table = compare_runs(args.runs, args.out or args.runs[0])
-    except (FileNotFoundError, ValueError) as exc:
+    except (OSError, ValueError) as exc:
         print(f"compare: {exc}", file=sys.stderr)
         return 2
     print(table)

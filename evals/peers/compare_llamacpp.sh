@@ -1,21 +1,44 @@
 #!/usr/bin/env bash
 # FreeToken vs llama.cpp on identical weights: one command, one report.
 #
-#   bash evals/peers/compare_llamacpp.sh [--limit-turns N] [--workloads "W1 W2"] [--out DIR]
-#        [--w1-max-tokens N] [--outtype f32|bf16] [--n-ctx TOKENS] [--threads N]
-#        [--parity-tokens N] [--llama-kv f32|f16] [--skip-parity] [--fresh-gguf]
+# Usage: bash evals/peers/compare_llamacpp.sh [options]
+#
+# Options (default in brackets):
+#   --limit-turns N       model calls replayed per workload, positive integer [8]
+#   --workloads "W1 W2"   workloads to replay, any of W1 W2 W3 W4 ["W1 W2"]
+#   --traces DIR          traces folder passed to evals/run.py [$FREETOKEN_SHARED/traces, else
+#                         <repo>/../shared/traces: the same default as evals/run.py]
+#   --allow-synthetic     replay the built-in synthetic traces when the traces folder is missing
+#                         (or with --traces synthetic); refused otherwise: timings on generated
+#                         text say nothing about agent workloads [off]
+#   --out DIR             output folder [replay-out/peers-llamacpp-<date>-<time>]
+#   --w1-max-tokens N     output tokens of each W1 call, positive integer [256]
+#   --outtype f32|bf16    GGUF weights and compute dtype of both engines [f32]
+#   --n-ctx TOKENS        context length of both engines, positive integer [32768]
+#   --threads N           CPU threads of llama.cpp, positive integer [nproc]
+#   --parity-tokens N     greedy tokens per prompt of the conversion proof, positive integer [48]
+#   --llama-kv f32|f16    llama.cpp KV cache dtype [f32, like FreeToken's]
+#   --skip-parity         skip the conversion proof
+#   --fresh-gguf          convert again even when the cached GGUF is up to date
+#   -h, --help            this text
+#
+# Environment: FT_PORT [8411] and LL_PORT [8412] (the two servers' ports), FREETOKEN_CACHE
+# [~/.cache/freetoken] (peer venv, checkpoint, GGUF cache), FREETOKEN_PYTHON [<repo>/.venv/bin/python],
+# FREETOKEN_SHARED (the traces default, see --traces).
 #
 # Steps (each one logged to DIR/log/):
 #  1. evals/peers/install_llamacpp.sh: llama-cpp-python[server] built from PyPI source into its own
 #     cached venv ($FREETOKEN_CACHE/peers/, never the project .venv) + gguf==0.19.0.
 #  2. FreeToken's `small` qwen3_moe checkpoint (make-tiny, cached under $FREETOKEN_CACHE/models).
 #  3. GGUF conversion with the project's evals/peers/convert_gguf.py (cached by checkpoint stamp +
-#     converter source hash; --fresh-gguf forces it).
+#     converter source hash; --fresh-gguf forces it); GGUFs of older converter versions in the
+#     cache are deleted when a new one is written (evals/peers/gguf_cache.py).
 #  4. Conversion proof: greedy tokens + logprobs of FreeToken's engine vs llama.cpp on the same ids
 #     (ref_freetoken.py + parity_llamacpp.py) -> DIR/parity.md.
 #  5. Both servers on the same weights and dtype, then evals/run.py per workload against each
 #     (FreeToken first, llama.cpp second, per workload), evals/compare.py per workload.
-#  6. DIR/report.md: settings, parity, one table per workload (ratios vs FreeToken).
+#  6. DIR/report.md: settings (traces source included), parity, one table per workload (ratios
+#     vs FreeToken).
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -37,24 +60,43 @@ FRESH_GGUF=0
 FT_PORT="${FT_PORT:-8411}"
 LL_PORT="${LL_PORT:-8412}"
 
-usage() { sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "${BASH_SOURCE[0]}"; }
+die_usage() { echo "error: $*" >&2; echo "(bash $0 --help lists the options)" >&2; exit 2; }
+need_value() {  # option, number of arguments left, the next argument
+    [[ "$2" -ge 2 && "$3" != --* ]] || die_usage "option $1 needs a value"
+}
+positive_int() {  # option value
+    [[ "$2" =~ ^[0-9]+$ && "$2" =~ [1-9] ]] || die_usage "$1 must be a positive integer (got '$2')"
+}
+TRACES=""
+ALLOW_SYNTHETIC=0
 while [[ $# -gt 0 ]]; do
     case "$1" in
-        --limit-turns) LIMIT_TURNS="$2"; shift 2 ;;
-        --workloads) WORKLOADS="$2"; shift 2 ;;
-        --out) OUT="$2"; shift 2 ;;
-        --w1-max-tokens) W1_MAX_TOKENS="$2"; shift 2 ;;
-        --outtype) OUTTYPE="$2"; shift 2 ;;
-        --n-ctx) N_CTX="$2"; shift 2 ;;
-        --threads) THREADS="$2"; shift 2 ;;
-        --parity-tokens) PARITY_TOKENS="$2"; shift 2 ;;
-        --llama-kv) LLAMA_KV="$2"; shift 2 ;;
+        --limit-turns) need_value "$1" $# "${2:-}"; LIMIT_TURNS="$2"; shift 2 ;;
+        --workloads) need_value "$1" $# "${2:-}"; WORKLOADS="$2"; shift 2 ;;
+        --traces) need_value "$1" $# "${2:-}"; TRACES="$2"; shift 2 ;;
+        --allow-synthetic) ALLOW_SYNTHETIC=1; shift ;;
+        --out) need_value "$1" $# "${2:-}"; OUT="$2"; shift 2 ;;
+        --w1-max-tokens) need_value "$1" $# "${2:-}"; W1_MAX_TOKENS="$2"; shift 2 ;;
+        --outtype) need_value "$1" $# "${2:-}"; OUTTYPE="$2"; shift 2 ;;
+        --n-ctx) need_value "$1" $# "${2:-}"; N_CTX="$2"; shift 2 ;;
+        --threads) need_value "$1" $# "${2:-}"; THREADS="$2"; shift 2 ;;
+        --parity-tokens) need_value "$1" $# "${2:-}"; PARITY_TOKENS="$2"; shift 2 ;;
+        --llama-kv) need_value "$1" $# "${2:-}"; LLAMA_KV="$2"; shift 2 ;;
         --skip-parity) SKIP_PARITY=1; shift ;;
         --fresh-gguf) FRESH_GGUF=1; shift ;;
         -h|--help) usage; exit 0 ;;
-        *) echo "error: unknown option $1" >&2; usage >&2; exit 2 ;;
+        *) die_usage "unknown option $1" ;;
     esac
 done
+positive_int --limit-turns "$LIMIT_TURNS"
+positive_int --w1-max-tokens "$W1_MAX_TOKENS"
+positive_int --n-ctx "$N_CTX"
+positive_int --threads "$THREADS"
+positive_int --parity-tokens "$PARITY_TOKENS"
+positive_int FT_PORT "$FT_PORT"
+positive_int LL_PORT "$LL_PORT"
+[[ "$FT_PORT" != "$LL_PORT" ]] || die_usage "FT_PORT and LL_PORT must differ (both $FT_PORT)"
 case "$OUTTYPE" in
     f32) FT_DTYPE=float32 ;;
     bf16) FT_DTYPE=bfloat16 ;;
@@ -65,11 +107,34 @@ case "$LLAMA_KV" in
     f16) KV_TYPE=1 ;;  # GGML_TYPE_F16: llama.cpp's own default
     *) echo "error: --llama-kv must be f32 or f16" >&2; exit 2 ;;
 esac
+[[ -n "${WORKLOADS// /}" ]] || die_usage "--workloads is empty"
 for w in $WORKLOADS; do
-    [[ "$w" =~ ^W[1-4]$ ]] || { echo "error: unknown workload $w" >&2; exit 2; }
+    [[ "$w" =~ ^W[1-4]$ ]] || die_usage "unknown workload $w (expected W1 W2 W3 W4)"
 done
+# Traces: the same default as evals/run.py; the synthetic set only with --allow-synthetic.
+if [[ -z "$TRACES" ]]; then
+    DEFAULT_TRACES="${FREETOKEN_SHARED:-$REPO/../shared}/traces"
+    if [[ -d "$DEFAULT_TRACES" ]]; then
+        TRACES="$(cd "$DEFAULT_TRACES" && pwd)"
+    elif [[ "$ALLOW_SYNTHETIC" == 1 ]]; then
+        echo "warning: no traces folder at $DEFAULT_TRACES; replaying the built-in SYNTHETIC set" \
+             "(--allow-synthetic)" >&2
+        TRACES=synthetic
+    else
+        echo "error: no traces folder at $DEFAULT_TRACES: pass --traces DIR or set FREETOKEN_SHARED" \
+             "(or --allow-synthetic to compare on the built-in synthetic set, not real agent traffic)" >&2
+        exit 2
+    fi
+elif [[ "$TRACES" == synthetic ]]; then
+    [[ "$ALLOW_SYNTHETIC" == 1 ]] || die_usage "--traces synthetic needs --allow-synthetic"
+elif [[ -d "$TRACES" ]]; then
+    TRACES="$(cd "$TRACES" && pwd)"
+else
+    die_usage "--traces $TRACES: no such folder"
+fi
 [[ -x "$PY" ]] || { echo "error: project python $PY not found (make the .venv first)" >&2; exit 2; }
-mkdir -p "$OUT/log"
+[[ ! -e "$OUT" || -d "$OUT" ]] || die_usage "--out $OUT exists and is not a folder"
+mkdir -p "$OUT/log" || { echo "error: cannot create $OUT/log" >&2; exit 2; }
 OUT="$(cd "$OUT" && pwd)"
 say() { echo "[compare_llamacpp $(date +%H:%M:%S)] $*" >&2; }
 
@@ -102,6 +167,7 @@ if [[ "$FRESH_GGUF" == 1 || ! -f "$GGUF" ]]; then
     say "3/6 converting $MODEL_DIR -> $GGUF ($OUTTYPE)"
     "$PEER_PY" "$HERE/convert_gguf.py" "$MODEL_DIR" "$GGUF" --outtype "$OUTTYPE" \
         2> >(tee "$OUT/log/convert.log" >&2)
+    "$PY" "$HERE/gguf_cache.py" prune "$GGUF" 2> >(tee -a "$OUT/log/convert.log" >&2)
 else
     say "3/6 GGUF up to date: $GGUF"
     echo "reused $GGUF (same checkpoint stamp and converter sources)" > "$OUT/log/convert.log"
@@ -176,6 +242,7 @@ for w in $WORKLOADS; do
         set +e
         "$PY" "$REPO/evals/run.py" --workload "$w" --endpoint "http://127.0.0.1:$port" \
             --limit-turns "$LIMIT_TURNS" --w1-max-tokens "$W1_MAX_TOKENS" --label "$side" \
+            --traces "$TRACES" \
             --out "$OUT/$w-$side" --no-progress "${proto[@]}" > "$OUT/log/$w-$side.log" 2>&1
         rc=$?
         set -e
@@ -193,6 +260,6 @@ cleanup; PIDS=()
 "$PY" "$HERE/report.py" --out "$OUT" --workloads "$WORKLOADS" --gguf "$GGUF" \
     --model-dir "$MODEL_DIR" --outtype "$OUTTYPE" --n-ctx "$N_CTX" --threads "$THREADS" \
     --limit-turns "$LIMIT_TURNS" --w1-max-tokens "$W1_MAX_TOKENS" --build-stamp "$BUILD_STAMP" \
-    --peer-python "$PEER_PY" --llama-kv "$LLAMA_KV"
+    --peer-python "$PEER_PY" --llama-kv "$LLAMA_KV" --traces "$TRACES"
 say "report: $OUT/report.md"
 exit $RUN_RC

@@ -8,7 +8,10 @@ Reads ``DIR/<W>-freetoken`` and ``DIR/<W>-llamacpp`` (``evals/run.py`` folders),
 compare.md`` (``evals/compare.py``) and ``DIR/parity.md``. Writes ``DIR/report.md`` and
 ``DIR/report.json`` with, per workload, the ratios llama.cpp / FreeToken of mean decode tok/s
 (above 1: llama.cpp decodes faster) and of mean TTFT (above 1: llama.cpp answers later), plus a
-per-turn check that both engines were sent prompts of the same token length.
+per-turn check that both engines were sent prompts of the same token length. Each row names its
+traces source (real / synthetic); a workload whose two runs are not comparable
+(``evals/replay/comparison.not_comparable``: different traces, protocol or turn count, a failed
+turn, an interruption) gets no ratios and says why.
 """
 
 from __future__ import annotations
@@ -21,24 +24,26 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from evals.replay.comparison import not_comparable, ratios, traces_source  # noqa: E402
 from evals.replay.report import fmt, load_run  # noqa: E402
 
 
-def _ratio(a: float | None, b: float | None) -> float | None:
-    return a / b if a is not None and b else None
-
-
 def workload_row(w: str, ft: dict, ll: dict) -> dict:
-    """The headline numbers of one workload (both summaries from ``load_run``)."""
+    """The headline numbers of one workload (both summaries from ``load_run``); the ratios are
+    None when the runs are not comparable (``not_comparable`` lists why)."""
+    ttft_x, decode_x = ratios(ll, ft)
+    sources = sorted({traces_source(ft), traces_source(ll)})
     return {
-        "workload": w, "turns": [ft["n_turns"], ll["n_turns"]],
+        "workload": w, "traces": "/".join(sources), "traces_path": [ft.get("traces"),
+                                                                    ll.get("traces")],
+        "not_comparable": not_comparable(ll, ft), "turns": [ft["n_turns"], ll["n_turns"]],
         "failed": [ft.get("n_failed", 0), ll.get("n_failed", 0)],
         "decode_tps": [ft["decode_tps_mean"], ll["decode_tps_mean"]],
         "ttft_mean_s": [ft["ttft_mean_s"], ll["ttft_mean_s"]],
         "ttft_max_s": [ft["ttft_max_s"], ll["ttft_max_s"]],
         "reuse_ratio": [ft["reuse_ratio"], ll["reuse_ratio"]],
-        "decode_ratio_llamacpp_over_freetoken": _ratio(ll["decode_tps_mean"], ft["decode_tps_mean"]),
-        "ttft_ratio_llamacpp_over_freetoken": _ratio(ll["ttft_mean_s"], ft["ttft_mean_s"]),
+        "decode_ratio_llamacpp_over_freetoken": decode_x,
+        "ttft_ratio_llamacpp_over_freetoken": ttft_x,
     }
 
 
@@ -79,14 +84,18 @@ def build(args: argparse.Namespace) -> tuple[str, dict]:
                         f"- load average (1/5/15 min) at start / end of each run: {loads}\n")
     stamp = Path(args.build_stamp) if args.build_stamp else None
     build_s = stamp.read_text().strip() if stamp and stamp.is_file() else "unknown"
-    head = ["| workload | turns | FreeToken decode tok/s | llama.cpp decode tok/s | decode ratio "
-            "(llama.cpp / FreeToken) | FreeToken mean TTFT (s) | llama.cpp mean TTFT (s) | "
-            "TTFT ratio (llama.cpp / FreeToken) |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    head = ["| workload | traces | turns | FreeToken decode tok/s | llama.cpp decode tok/s | "
+            "decode ratio (llama.cpp / FreeToken) | FreeToken mean TTFT (s) | llama.cpp mean "
+            "TTFT (s) | TTFT ratio (llama.cpp / FreeToken) |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        head.append(f"| {r['workload']} | {r['turns'][0]} | {fmt(r['decode_tps'][0], 1)} | "
-                    f"{fmt(r['decode_tps'][1], 1)} | {fmt(r['decode_ratio_llamacpp_over_freetoken'], 2)} | "
+        note = f" (not comparable: {'; '.join(r['not_comparable'])})" if r["not_comparable"] else ""
+        head.append(f"| {r['workload']}{note} | {r['traces']} | {r['turns'][0]} | "
+                    f"{fmt(r['decode_tps'][0], 1)} | {fmt(r['decode_tps'][1], 1)} | "
+                    f"{_blank(r['decode_ratio_llamacpp_over_freetoken'])} | "
                     f"{fmt(r['ttft_mean_s'][0])} | {fmt(r['ttft_mean_s'][1])} | "
-                    f"{fmt(r['ttft_ratio_llamacpp_over_freetoken'], 2)} |")
+                    f"{_blank(r['ttft_ratio_llamacpp_over_freetoken'])} |")
+    traces = _traces_line(args.traces, rows)
     parity = (out / "parity.md").read_text(encoding="utf-8") if (out / "parity.md").is_file() else ""
     md = "\n".join([
         "# FreeToken vs llama.cpp (llama-cpp-python server), identical weights",
@@ -99,6 +108,7 @@ def build(args: argparse.Namespace) -> tuple[str, dict]:
         f"- replay: `evals/run.py --limit-turns {args.limit_turns} --w1-max-tokens "
         f"{args.w1_max_tokens}`, ignore_eos on both (llama.cpp: EOG ids banned by logit_bias), "
         "FreeToken first then llama.cpp per workload, sequential (concurrency 1)",
+        traces,
         "",
         "## Headline",
         "",
@@ -134,6 +144,22 @@ def build(args: argparse.Namespace) -> tuple[str, dict]:
     return md, {"rows": rows}
 
 
+def _blank(ratio: float | None) -> str:
+    """A ratio cell: two decimals, blank when there is no ratio."""
+    return "" if ratio is None else f"{ratio:.2f}"
+
+
+def _traces_line(given: str, rows: list[dict]) -> str:
+    """The settings line naming the traces replayed; loud when they are the synthetic set."""
+    sources = {r["traces"] for r in rows}
+    paths = sorted({p for r in rows for p in r["traces_path"] if p and p != "synthetic"})
+    if any("synthetic" in s for s in sources) or given == "synthetic":
+        return ("- traces: **SYNTHETIC** (the built-in generated set, not real agent traffic; "
+                "--allow-synthetic): timings on it say nothing about agent workloads")
+    where = ", ".join(f"`{p}`" for p in paths) or (f"`{given}`" if given else "unknown")
+    return f"- traces: real ({where})"
+
+
 def _load(path: Path) -> str:
     """``"a b c -> d e f"`` from a run's ``.load`` file (start and end /proc/loadavg), or "?"."""
     if not path.is_file():
@@ -153,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--workloads", default="W1 W2")
     for flag in ("--gguf", "--model-dir", "--outtype", "--n-ctx", "--threads", "--limit-turns",
-                 "--w1-max-tokens", "--build-stamp", "--peer-python", "--llama-kv"):
+                 "--w1-max-tokens", "--build-stamp", "--peer-python", "--llama-kv", "--traces"):
         p.add_argument(flag, default="")
     args = p.parse_args(argv)
     md, data = build(args)

@@ -9,9 +9,12 @@ Modules, one concern each:
 * :mod:`~evals.replay.synthetic` - the built-in synthetic trace set;
 * :mod:`~evals.replay.convert` - Anthropic <-> OpenAI wire conversion;
 * :mod:`~evals.replay.turns` - harness edits and request bodies (max_tokens = recorded output);
+* :mod:`~evals.replay.endpoint` - endpoint URL, API key and ``GET /v1/models`` checks (also used
+  by ``evals/run_swe.py``);
 * :mod:`~evals.replay.client` - the streaming client measuring TTFT and decode tok/s;
 * :mod:`~evals.replay.scrape` - FreeToken ``/metrics`` engine statistics;
 * :mod:`~evals.replay.runner` - dependency-ordered concurrent execution;
-* :mod:`~evals.replay.report` / :mod:`~evals.replay.plots` - outputs;
+* :mod:`~evals.replay.report` / :mod:`~evals.replay.plots` - outputs (and the ``--out`` check);
+* :mod:`~evals.replay.comparison` - runs side by side, which of them get ratios;
 * :mod:`~evals.replay.app` - one run end to end.
 """

@@ -26,6 +26,7 @@ Anthropic Messages streaming events (shared/research/harnesses.md §6).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from dataclasses import dataclass, field
@@ -78,6 +79,7 @@ class _State:
     """Mutable accumulation while a stream is read."""
 
     t0: float
+    status: int = 0
     first: float | None = None
     last: float | None = None
     end: float | None = None
@@ -161,37 +163,52 @@ def _usage(protocol: str, usage: dict) -> tuple[int | None, int | None, int | No
         usage.get("completion_tokens")
 
 
+async def _read_stream(client: httpx.AsyncClient, url: str, body: bytes, protocol: str,
+                       hdrs: dict[str, str], state: _State) -> None:
+    """Send the request and feed its SSE events into ``state`` (``state.status`` is set as
+    soon as the response head arrives). Raises httpx errors."""
+    handle = _anthropic_event if protocol == "anthropic" else _openai_event
+    async with client.stream("POST", url, content=body, headers=hdrs) as resp:
+        state.status = resp.status_code
+        if resp.status_code != 200:
+            text = (await resp.aread()).decode("utf-8", "replace")
+            state.error = f"HTTP {resp.status_code}: {text[:500]}"
+            return
+        async for line in resp.aiter_lines():
+            if not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                break
+            try:
+                obj = json.loads(data)
+            except ValueError:
+                continue
+            if isinstance(obj, dict):
+                handle(state, obj)
+
+
 async def stream_turn(client: httpx.AsyncClient, url: str, body: bytes, protocol: str,
-                      hdrs: dict[str, str]) -> StreamResult:
+                      hdrs: dict[str, str], timeout_s: float | None = None) -> StreamResult:
     """POST ``body`` to ``url`` with ``stream: true`` and measure it (module docstring).
 
-    Never raises for HTTP or transport errors: they come back in ``StreamResult.error``.
+    ``timeout_s`` bounds the whole request (sent -> stream end, wall clock, seconds; None: no
+    bound); a request that runs longer is abandoned with the error ``timed out after N s (whole
+    request)``, keeping what was measured until then (TTFT, output events).
+
+    Never raises for HTTP or transport errors or the timeout: they come back in
+    ``StreamResult.error``.
     """
     state = _State(time.perf_counter())
-    status = 0
-    handle = _anthropic_event if protocol == "anthropic" else _openai_event
     try:
-        async with client.stream("POST", url, content=body, headers=hdrs) as resp:
-            status = resp.status_code
-            if status != 200:
-                text = (await resp.aread()).decode("utf-8", "replace")
-                state.error = f"HTTP {status}: {text[:500]}"
-            else:
-                async for line in resp.aiter_lines():
-                    if not line.startswith("data:"):
-                        continue
-                    data = line[5:].strip()
-                    if data == "[DONE]":
-                        break
-                    try:
-                        obj = json.loads(data)
-                    except ValueError:
-                        continue
-                    if isinstance(obj, dict):
-                        handle(state, obj)
+        async with asyncio.timeout(timeout_s):
+            await _read_stream(client, url, body, protocol, hdrs, state)
+    except TimeoutError:
+        state.error = f"timed out after {timeout_s:g} s (whole request)"
     except httpx.HTTPError as exc:
         state.error = f"{type(exc).__name__}: {exc}"
     total = time.perf_counter() - state.t0
+    status = state.status
     prompt, reused, output = _usage(protocol, state.usage)
     # A usage of 0 output tokens next to output events is message_start's placeholder.
     source = "usage" if isinstance(output, int) and (output > 0 or not state.events) \

@@ -2,9 +2,12 @@
 
 Ratios are against the first run given (the baseline): ``TTFT x`` = this run's mean TTFT / the
 baseline's (below 1: faster first token), ``decode x`` = this run's mean decode tok/s / the
-baseline's (above 1: faster decode). Runs of different workloads can be listed together, but
-the ratios only mean something between runs of the same workload and turn count, so the table
-marks a run whose workload or number of turns differs from the baseline's.
+baseline's (above 1: faster decode). A ratio only means something between runs that replayed the
+same requests to the end, so a run gets ratios only when it and the baseline have the same
+workload, traces (folder, or the synthetic set), protocol and number of turns, and neither had a
+failed turn or was interrupted; any other run is marked ``not comparable`` with the reason and
+its ratio cells are left blank. Every row names its traces source (``real`` / ``synthetic``).
+Repeated labels are made unique by appending the run folder's name.
 """
 
 from __future__ import annotations
@@ -14,31 +17,77 @@ from pathlib import Path
 from evals.replay.plots import plot_compare
 from evals.replay.report import fmt, load_run
 
+MATCH_KEYS = ("workload", "traces", "protocol", "n_turns")
+
+
+def traces_source(summary: dict) -> str:
+    """``"real"`` or ``"synthetic"`` (older summaries without ``traces_source``: from
+    ``traces``)."""
+    return summary.get("traces_source") or (
+        "synthetic" if summary.get("traces") == "synthetic" else "real")
+
+
+def not_comparable(run: dict, base: dict) -> list[str]:
+    """Why ratios of ``run`` against ``base`` would mislead (empty: comparable): a differing
+    workload, traces, protocol or turn count, a failed turn or an interruption in either run."""
+    reasons = [f"{key} differs" for key in MATCH_KEYS if run.get(key) != base.get(key)]
+    checks = [("run", run)] if run is base else [("run", run), ("baseline", base)]
+    for who, s in checks:
+        if s.get("n_failed"):
+            reasons.append(f"{who} has {s['n_failed']} failed turn(s)")
+        if s.get("interrupted"):
+            reasons.append(f"{who} was interrupted")
+    return reasons
+
 
 def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
 
-def compare_table(summaries: list[dict]) -> str:
-    """The markdown table (header, alignment row, one row per run).
+def ratios(run: dict, base: dict) -> tuple[float | None, float | None]:
+    """``(TTFT x, decode x)`` of ``run`` against ``base``; both None when not comparable."""
+    if not_comparable(run, base):
+        return None, None
+    return (_ratio(run["ttft_mean_s"], base["ttft_mean_s"]),
+            _ratio(run["decode_tps_mean"], base["decode_tps_mean"]))
+
+
+def unique_labels(summaries: list[dict], run_dirs: list[Path]) -> list[str]:
+    """Each run's label; a label used by several runs gets `` (<run folder name>)`` appended
+    (and, were that still ambiguous, the run's position)."""
+    labels = [str(s["label"]) for s in summaries]
+    out = [f"{lab} ({d.name})" if labels.count(lab) > 1 else lab
+           for lab, d in zip(labels, run_dirs)]
+    return [f"{lab} #{i + 1}" if out.count(lab) > 1 else lab for i, lab in enumerate(out)]
+
+
+def _cell(value: float | None) -> str:
+    return "" if value is None else f"{value:.2f}"
+
+
+def compare_table(summaries: list[dict], labels: list[str] | None = None) -> str:
+    """The markdown table (header, alignment row, one row per run); ``labels`` default to the
+    summaries' labels.
 
     Raises:
         ValueError: no summaries.
     """
     if not summaries:
         raise ValueError("compare needs at least one run")
+    labels = labels or [str(s["label"]) for s in summaries]
     base = summaries[0]
-    rows = ["| run | workload | turns | TTFT mean (s) | TTFT p50 (s) | TTFT max (s) | "
-            "decode tok/s | reuse ratio | TTFT x | decode x |",
-            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for s in summaries:
-        same = s["workload"] == base["workload"] and s["n_turns"] == base["n_turns"]
-        note = "" if same else " (not comparable)"
+    rows = ["| run | workload | traces | protocol | turns | failed | TTFT mean (s) | "
+            "TTFT p50 (s) | TTFT max (s) | decode tok/s | reuse ratio | TTFT x | decode x |",
+            "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for s, label in zip(summaries, labels):
+        why = not_comparable(s, base)
+        note = f" (not comparable: {'; '.join(why)})" if why else ""
+        ttft_x, decode_x = ratios(s, base)
         rows.append(
-            f"| {s['label']}{note} | {s['workload']} | {s['n_turns']} | {fmt(s['ttft_mean_s'])} | "
-            f"{fmt(s['ttft_p50_s'])} | {fmt(s['ttft_max_s'])} | {fmt(s['decode_tps_mean'], 1)} | "
-            f"{fmt(s['reuse_ratio'])} | {fmt(_ratio(s['ttft_mean_s'], base['ttft_mean_s']), 2)} | "
-            f"{fmt(_ratio(s['decode_tps_mean'], base['decode_tps_mean']), 2)} |")
+            f"| {label}{note} | {s['workload']} | {traces_source(s)} | {s.get('protocol', '-')} "
+            f"| {s['n_turns']} | {s.get('n_failed', 0)} | {fmt(s['ttft_mean_s'])} | "
+            f"{fmt(s['ttft_p50_s'])} | {fmt(s['ttft_max_s'])} | {fmt(s['decode_tps_mean'], 1)} "
+            f"| {fmt(s['reuse_ratio'])} | {_cell(ttft_x)} | {_cell(decode_x)} |")
     return "\n".join(rows) + "\n"
 
 
@@ -50,12 +99,17 @@ def compare_runs(run_dirs: list[Path], out: Path) -> tuple[Path, Path, str]:
         FileNotFoundError / ValueError: a folder that is not a run (see ``load_run``), or none.
     """
     summaries = [load_run(d)[0] for d in run_dirs]
-    table = compare_table(summaries)
+    labels = unique_labels(summaries, run_dirs)
+    table = compare_table(summaries, labels)
     out.mkdir(parents=True, exist_ok=True)
     md = out / "compare.md"
-    sources = "\n".join(f"- {s['label']}: `{d}` ({s['endpoint']}, {s['protocol']}, "
-                        f"model `{s['model']}`)" for s, d in zip(summaries, run_dirs))
-    md.write_text(f"# Replay comparison (baseline: {summaries[0]['label']})\n\n{table}\n"
+    sources = "\n".join(f"- {label}: `{d}` ({s['endpoint']}, {s.get('protocol', '-')}, model "
+                        f"`{s.get('model', '-')}`, traces `{s.get('traces', '-')}`)"
+                        for s, label, d in zip(summaries, labels, run_dirs))
+    synthetic = [label for s, label in zip(summaries, labels) if traces_source(s) == "synthetic"]
+    warn = (f"**Synthetic traces** (not real agent traffic): {', '.join(synthetic)}.\n\n"
+            if synthetic else "")
+    md.write_text(f"# Replay comparison (baseline: {labels[0]})\n\n{warn}{table}\n"
                   f"{sources}\n", encoding="utf-8")
-    png = plot_compare(out / "compare.png", summaries)
+    png = plot_compare(out / "compare.png", summaries, labels)
     return md, png, table

@@ -15,6 +15,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 PER_TURN = (
     ("ttft.png", "ttft_s", "TTFT (s)"),
@@ -38,33 +39,44 @@ def _per_turn(records: list[dict], field: str | None) -> tuple[list[int], list[f
     return xs, ys
 
 
+def turn_figure(xs: list[int], ys: list[float], ylabel: str, title: str, unit_range: bool = False):
+    """A bar chart of one quantity per turn (x: turn index in plan order, integer ticks only;
+    ``unit_range``: y from 0 to 1); returns the matplotlib figure (the caller saves and closes
+    it)."""
+    fig, ax = plt.subplots(figsize=(8, 3.5))
+    ax.bar(xs, ys, color="tab:blue")
+    ax.set_xlabel("turn (plan order)")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylabel(ylabel)
+    ax.set_title(f"{title}: {ylabel}")
+    if unit_range:
+        ax.set_ylim(0, 1)
+    if not xs:
+        ax.text(0.5, 0.5, "no data", transform=ax.transAxes, ha="center")
+    fig.subplots_adjust(left=0.09, right=0.98, bottom=0.15, top=0.9)
+    return fig
+
+
 def plot_run(out: Path, records: list[dict], title: str) -> list[Path]:
     """Write the three per-turn plots under ``out``; returns their paths."""
     paths = []
     for name, field, ylabel in PER_TURN:
         xs, ys = _per_turn(records, field)
-        fig, ax = plt.subplots(figsize=(8, 3.5))
-        ax.bar(xs, ys, color="tab:blue")
-        ax.set_xlabel("turn (plan order)")
-        ax.set_ylabel(ylabel)
-        ax.set_title(f"{title}: {ylabel}")
-        if field is None:
-            ax.set_ylim(0, 1)
-        if not xs:
-            ax.text(0.5, 0.5, "no data", transform=ax.transAxes, ha="center")
-        fig.subplots_adjust(left=0.09, right=0.98, bottom=0.15, top=0.9)
+        fig = turn_figure(xs, ys, ylabel, title, unit_range=field is None)
         fig.savefig(out / name, dpi=90)
         plt.close(fig)
         paths.append(out / name)
     return paths
 
 
-def plot_compare(path: Path, summaries: list[dict]) -> Path:
+def plot_compare(path: Path, summaries: list[dict], labels: list[str] | None = None) -> Path:
     """One PNG with a panel per metric (mean TTFT, mean decode tok/s, reuse ratio), a bar per
-    run labelled by its ``label``; missing values are drawn as 0 and marked ``n/a``."""
+    run labelled ``<label> (<workload>)`` (``labels`` default to the summaries' ``label``);
+    missing values are drawn as 0 and marked ``n/a``."""
     metrics = (("ttft_mean_s", "mean TTFT (s)"), ("decode_tps_mean", "decode tok/s (mean)"),
                ("reuse_ratio", "reuse ratio"))
-    labels = [f"{s['label']} ({s['workload']})" for s in summaries]
+    names = labels or [str(s["label"]) for s in summaries]
+    labels = [f"{name} ({s['workload']})" for name, s in zip(names, summaries)]
     fig, axes = plt.subplots(1, len(metrics), figsize=(4 * len(metrics), 3.2))
     for ax, (key, title) in zip(axes, metrics):
         values = [s.get(key) for s in summaries]

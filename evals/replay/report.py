@@ -8,17 +8,23 @@ Summary numbers are over the turns that succeeded (no error):
 * ``prompt_tokens`` / ``reused_tokens`` / ``output_tokens``: sums of the reported counts;
 * ``reuse_ratio``: reused / prompt tokens over the turns that report both (None when none does).
 
-``engine`` holds the FreeToken ``/metrics`` deltas over the run (:mod:`evals.replay.scrape`)
-plus ``expert_hit_rate``, or None for other endpoints.
+``engine`` holds the FreeToken ``/metrics`` counter deltas over the run and the checkpoint
+gauges at its end (:mod:`evals.replay.scrape`) plus ``expert_hit_rate``, or None for other
+endpoints (and for an interrupted run, which has no final scrape).
+
+``traces_source`` is ``"real"`` (a recorded traces folder) or ``"synthetic"`` (the built-in set);
+``interrupted`` is true when the run was stopped (Ctrl-C) before every planned turn finished, and
+then the numbers cover the ``n_turns`` finished turns of ``n_planned``.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import statistics
 from pathlib import Path
 
-from evals.replay.scrape import hit_rate
+from evals.replay.scrape import COUNTERS, GAUGES, hit_rate
 
 SUMMARY_KEYS = ("workload", "endpoint", "label", "n_turns", "ttft_mean_s", "ttft_p50_s",
                 "ttft_max_s", "decode_tps_mean", "reuse_ratio", "prompt_tokens", "reused_tokens",
@@ -31,8 +37,13 @@ def _mean(values: list[float]) -> float | None:
 
 def summarize(records: list[dict], *, workload: str, endpoint: str, label: str, protocol: str,
               model: str, traces: str, concurrency: int, wall_s: float,
-              engine: dict | None) -> dict:
-    """The ``summary.json`` object of a run (module docstring for the numbers)."""
+              engine: dict | None, traces_source: str | None = None,
+              n_planned: int | None = None, interrupted: bool = False) -> dict:
+    """The ``summary.json`` object of a run (module docstring for the numbers).
+
+    ``traces`` is the folder replayed (or ``"synthetic"``); ``traces_source`` defaults to
+    ``"synthetic"`` when ``traces`` is, else ``"real"``; ``n_planned`` defaults to the number of
+    records."""
     ok = [r for r in records if r["error"] is None]
     ttft = [r["ttft_s"] for r in ok if r["ttft_s"] is not None]
     tps = [r["decode_tps"] for r in ok if r["decode_tps"] is not None]
@@ -43,8 +54,11 @@ def summarize(records: list[dict], *, workload: str, endpoint: str, label: str, 
         engine_out = {**engine, "expert_hit_rate": hit_rate(engine)}
     return {
         "workload": workload, "endpoint": endpoint, "label": label, "protocol": protocol,
-        "model": model, "traces": traces, "concurrency": concurrency,
-        "n_turns": len(records), "n_failed": len(records) - len(ok),
+        "model": model, "traces": traces,
+        "traces_source": traces_source or ("synthetic" if traces == "synthetic" else "real"),
+        "concurrency": concurrency, "n_turns": len(records), "n_failed": len(records) - len(ok),
+        "n_planned": len(records) if n_planned is None else n_planned,
+        "interrupted": interrupted,
         "ttft_mean_s": _mean(ttft), "ttft_p50_s": statistics.median(ttft) if ttft else None,
         "ttft_max_s": max(ttft) if ttft else None, "decode_tps_mean": _mean(tps),
         "reuse_ratio": sum(r["reused_tokens"] for r in both) / prompt_both if prompt_both else None,
@@ -71,11 +85,35 @@ def _number(value: object) -> str:
     return fmt(value)
 
 
+def _engine_lines(engine: dict) -> list[str]:
+    """The engine paragraph: counters as deltas over the run, gauges as values at its end."""
+    counters = [f"{k} {_number(engine[k])}" for k in COUNTERS if k in engine]
+    gauges = [f"{k} {_number(engine[k])}" for k in GAUGES if k in engine]
+    lines = ["", "Engine (FreeToken `/metrics`):", ""]
+    if counters:
+        lines.append("- counters, deltas over the run: " + ", ".join(counters))
+    if engine.get("expert_hit_rate") is not None:
+        lines.append(f"- expert_hit_rate {_number(engine['expert_hit_rate'])} "
+                     "(hits / (hits + misses) over the run)")
+    if gauges:
+        lines.append("- checkpoints held at the end of the run (not deltas): " + ", ".join(gauges))
+    return lines
+
+
 def summary_markdown(summary: dict, records: list[dict]) -> str:
-    """``summary.md``: the run's settings, the summary table, engine totals and every turn."""
+    """``summary.md``: the run's settings, the summary table, engine totals and every turn.
+
+    The header line names the traces source (``traces: real`` / ``traces: SYNTHETIC``); an
+    interrupted run gets a note that the numbers cover the finished turns only."""
     s = summary
-    lines = [
-        f"# {s['workload']} replay: {s['label']}", "",
+    source = s.get("traces_source") or ("synthetic" if s["traces"] == "synthetic" else "real")
+    tag = "traces: SYNTHETIC (not real agent traffic)" if source == "synthetic" else "traces: real"
+    lines = [f"# {s['workload']} replay: {s['label']} ({tag})", ""]
+    if s.get("interrupted"):
+        lines += [f"**Interrupted** (Ctrl-C) after {s['n_turns']} of {s.get('n_planned', '?')} "
+                  "planned turns: every number below covers the finished turns only; there are "
+                  "no engine totals.", ""]
+    lines += [
         f"Endpoint `{s['endpoint']}` ({s['protocol']}), model `{s['model']}`, traces "
         f"`{s['traces']}`, concurrency {s['concurrency'] or 'as recorded'}, "
         f"{s['n_turns']} turns ({s['n_failed']} failed), {s['wall_s']:.1f} s wall.", "",
@@ -87,8 +125,7 @@ def summary_markdown(summary: dict, records: list[dict]) -> str:
         f"{s['prompt_tokens']} | {s['reused_tokens']} | {s['output_tokens']} |",
     ]
     if s["engine"]:
-        lines += ["", "Engine (FreeToken `/metrics`, deltas over the run): " + ", ".join(
-            f"{k} {_number(v)}" for k, v in s["engine"].items())]
+        lines += _engine_lines(s["engine"])
     lines += ["", "| # | call | prompt | reused | max_tokens | output | TTFT (s) | decode tok/s | "
               "edited | error |", "|---:|---|---:|---:|---:|---:|---:|---:|---|---|"]
     for r in records:
@@ -100,12 +137,60 @@ def summary_markdown(summary: dict, records: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+class TurnLog:
+    """``turns.jsonl`` written as turns finish: one line per finished turn, flushed at once, so a
+    crash or Ctrl-C keeps every finished turn (completion order; :func:`write_outputs` rewrites
+    the file in plan order at the end).
+
+    Raises:
+        OSError: the file cannot be created.
+    """
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._file = open(path, "w", encoding="utf-8")  # noqa: SIM115 - closed by close()
+
+    def append(self, record: dict) -> None:
+        """Write one record as a JSON line and flush it to the OS."""
+        self._file.write(json.dumps(record, ensure_ascii=False) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        """Close the file (idempotent)."""
+        self._file.close()
+
+
+def check_out_dir(path: Path, flag: str = "--out") -> None:
+    """Check up front that ``path`` can be the output folder: it is a folder, or does not exist
+    and its nearest existing parent is a writable folder (it is created later).
+
+    Raises:
+        ValueError: ``path`` exists and is not a folder, a parent is not a folder, or the folder
+            that would hold it is not writable.
+    """
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{flag} {path}: exists and is not a folder")
+    probe = path
+    while not probe.exists():
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if probe.exists() and not probe.is_dir():
+        raise ValueError(f"{flag} {path}: {probe} is not a folder")
+    if probe.is_dir() and not os.access(probe, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag} {path}: {probe} is not writable")
+
+
 def write_outputs(out: Path, records: list[dict], summary: dict) -> list[Path]:
-    """Write turns.jsonl, summary.json and summary.md under ``out`` (created); returns them."""
+    """Write turns.jsonl (plan order, replacing the one :class:`TurnLog` appended to),
+    summary.json and summary.md under ``out`` (created); returns them."""
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / "turns.jsonl", out / "summary.json", out / "summary.md"]
-    paths[0].write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records),
-                        encoding="utf-8")
+    tmp = out / "turns.jsonl.tmp"
+    tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records),
+                   encoding="utf-8")
+    tmp.replace(paths[0])
     paths[1].write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     paths[2].write_text(summary_markdown(summary, records), encoding="utf-8")
     return paths
@@ -115,13 +200,30 @@ def load_run(run_dir: Path) -> tuple[dict, list[dict]]:
     """``(summary, turn records)`` of a run folder.
 
     Raises:
-        FileNotFoundError: no summary.json / turns.jsonl in ``run_dir``.
-        ValueError: a summary without the keys of :data:`SUMMARY_KEYS`.
+        FileNotFoundError: ``run_dir`` does not exist, or has no summary.json / turns.jsonl.
+        ValueError: ``run_dir`` is not a folder, a file that is not JSON, or a summary without
+            the keys of :data:`SUMMARY_KEYS`.
     """
-    summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
+    if not run_dir.exists():
+        raise FileNotFoundError(f"{run_dir}: no such folder")
+    if not run_dir.is_dir():
+        raise ValueError(f"{run_dir} is a file, not a run folder (pass the --out folder of "
+                         "evals/run.py)")
+    for name in ("summary.json", "turns.jsonl"):
+        if not (run_dir / name).is_file():
+            raise FileNotFoundError(f"{run_dir}: no {name} (not an evals/run.py output folder)")
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
+    except ValueError as exc:
+        raise ValueError(f"{run_dir}/summary.json is not JSON ({exc})") from None
+    if not isinstance(summary, dict):
+        raise ValueError(f"{run_dir}/summary.json is not a JSON object")
     missing = [k for k in SUMMARY_KEYS if k not in summary]
     if missing:
         raise ValueError(f"{run_dir}/summary.json lacks {', '.join(missing)}")
-    records = [json.loads(line) for line in
-               (run_dir / "turns.jsonl").read_text(encoding="utf-8").splitlines() if line]
+    try:
+        records = [json.loads(line) for line in
+                   (run_dir / "turns.jsonl").read_text(encoding="utf-8").splitlines() if line]
+    except ValueError as exc:
+        raise ValueError(f"{run_dir}/turns.jsonl has a line that is not JSON ({exc})") from None
     return summary, records

@@ -24,6 +24,7 @@ import httpx
 from evals.replay.client import StreamResult, headers, stream_turn
 from evals.replay.scrape import scrape, stats_delta
 from evals.replay.turns import TurnRequest, body_json
+from freetoken.agents.discover import is_loopback
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,8 @@ class RunConfig:
         protocol: ``"openai"`` or ``"anthropic"``.
         api_key: sent as Bearer and ``x-api-key`` when set.
         concurrency: most turns in flight at once (0: no limit besides the dependencies).
-        timeout_s: per-request timeout (connect and between stream reads).
+        timeout_s: per-request timeout (s): the whole request, sent -> stream end, wall clock
+            (``--timeout``); a turn that runs longer is recorded as failed.
         extra_headers: added to every request.
         scrape_metrics: scrape ``/metrics`` around every turn when the endpoint is FreeToken.
         harness_header: send ``X-FreeToken-Harness: <the call's adapter>`` (FreeToken's header
@@ -75,7 +77,9 @@ async def replay(requests: list[TurnRequest], cfg: RunConfig,
                  ) -> tuple[list[dict], dict | None]:
     """Send every request (module docstring) and return ``(records in plan order, engine
     totals)``; engine totals are the ``/metrics`` deltas over the whole run (None when the
-    endpoint is not FreeToken or scraping is off).
+    endpoint is not FreeToken or scraping is off). ``on_done`` gets each record as its turn
+    finishes (completion order), so a caller keeps the finished turns when the run is cancelled
+    (Ctrl-C under ``asyncio.run`` cancels this coroutine).
 
     Raises:
         ValueError: negative concurrency, or a dependency on a call that is not in ``requests``.
@@ -92,7 +96,8 @@ async def replay(requests: list[TurnRequest], cfg: RunConfig,
     timeout = httpx.Timeout(cfg.timeout_s)
     limits = httpx.Limits(max_connections=max(cfg.concurrency, len(requests), 1))
     records: dict[int, dict] = {}
-    async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
+    async with httpx.AsyncClient(timeout=timeout, limits=limits,
+                                 trust_env=not is_loopback(base)) as client:
         first = await scrape(client, base, hdrs) if cfg.scrape_metrics else None
         freetoken = first is not None
         t_run = time.perf_counter()
@@ -103,7 +108,7 @@ async def replay(requests: list[TurnRequest], cfg: RunConfig,
             call_hdrs = {**hdrs, "x-freetoken-harness": req.call.harness} \
                 if cfg.harness_header else hdrs
             res = await stream_turn(client, base + req.path, body_json(req), cfg.protocol,
-                                    call_hdrs)
+                                    call_hdrs, cfg.timeout_s)
             end = time.perf_counter() - t_run
             after = await scrape(client, base, hdrs) if freetoken else None
             records[i] = turn_record(i, req, res, start, end, stats_delta(before, after))

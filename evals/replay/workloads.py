@@ -12,8 +12,8 @@ W2     ``W2_coding_agent_swebench``, ``W2_coding_agent_opencode``,  openai      
                                                                                ``opencode_*``
                                                                                opencode
 W3     ``W3_claude_code``, sessions with the most sub-agent         anthropic   claude_code
-       threads first (the orchestrator session's 5 parallel
-       Task sub-agents lead)
+       threads first (the orchestrator session leads: 5 Task
+       sub-agents in two fan-outs, 3 side by side then 2)
 W4     the 13-turn session assembled by :mod:`evals.replay.w4`      openai      openclaw
 =====  ==========================================================  ==========  ==============
 

@@ -88,8 +88,9 @@ def mini_command(mini: Path, target: Target, task_text: str, step_limit: int, tr
 
 @dataclass(frozen=True)
 class AgentRun:
-    """How the agent process ended: ``exit_code`` (None when it was killed at the time limit),
-    ``seconds`` of wall time, ``timed_out``, and the tail of its combined output (full text in ``log``)."""
+    """How the agent process ended: ``exit_code`` (None when it was killed), ``seconds`` of wall
+    time, ``timed_out`` (killed at the time limit), ``interrupted`` (killed because the run was
+    interrupted: Ctrl-C), and the tail of its combined output (full text in ``log``)."""
 
     argv: tuple[str, ...]
     exit_code: int | None
@@ -97,11 +98,39 @@ class AgentRun:
     timed_out: bool
     log: Path
     output_tail: str
+    interrupted: bool = False
+
+    @property
+    def killed(self) -> bool:
+        """The agent did not exit by itself (time limit or interruption)."""
+        return self.timed_out or self.interrupted
+
+    @property
+    def exit_status(self) -> str | None:
+        """``killed (timeout)`` / ``killed (interrupted)`` when killed, else None (the harness's
+        own status is in its trajectory)."""
+        if self.timed_out:
+            return "killed (timeout)"
+        if self.interrupted:
+            return "killed (interrupted)"
+        return None
+
+    @property
+    def outcome(self) -> str:
+        """One phrase: ``exited with code N``, ``timed out after N s``, or ``interrupted after N s``."""
+        if self.timed_out:
+            return f"timed out after {self.seconds:.0f} s (killed at the time limit)"
+        if self.interrupted:
+            return f"interrupted after {self.seconds:.0f} s (killed)"
+        return f"exited with code {self.exit_code}"
 
 
 def run_agent(argv: list[str], env: dict[str, str], cwd: Path, log: Path, timeout: float) -> AgentRun:
-    """Run the agent in ``cwd`` (its own process group) with stdout+stderr to ``log``; after
-    ``timeout`` seconds the group gets SIGTERM, then SIGKILL 10 s later.
+    """Run the agent in ``cwd`` (its own process group, so a terminal's Ctrl-C does not reach
+    it) with stdout+stderr to ``log``. After ``timeout`` seconds, on Ctrl-C (KeyboardInterrupt)
+    and on any other exception while waiting, its whole process group gets SIGTERM, then SIGKILL
+    10 s later; a Ctrl-C returns an ``AgentRun`` with ``interrupted`` set, any other exception is
+    raised again once the group is gone.
 
     Raises:
         OSError: the executable cannot be started.
@@ -110,28 +139,41 @@ def run_agent(argv: list[str], env: dict[str, str], cwd: Path, log: Path, timeou
     with open(log, "wb") as out:
         proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True)
-        timed_out = False
+        timed_out = interrupted = False
         try:
             proc.wait(timeout)
         except subprocess.TimeoutExpired:
             timed_out = True
             _kill_group(proc)
+        except KeyboardInterrupt:
+            interrupted = True
+            _kill_group(proc)
+        except BaseException:
+            _kill_group(proc)
+            raise
     seconds = time.monotonic() - started
     text = log.read_text("utf-8", "replace")
-    return AgentRun(tuple(argv), None if timed_out else proc.returncode, seconds, timed_out, log, text[-4000:])
+    killed = timed_out or interrupted
+    return AgentRun(tuple(argv), None if killed else proc.returncode, seconds, timed_out, log, text[-4000:],
+                    interrupted)
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
-    for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+    """SIGTERM to the process group of ``proc`` (the agent and whatever it started), up to 10 s
+    for ``proc`` to exit, then SIGKILL to whatever of the group is left; reaps ``proc``."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    try:
+        proc.wait(10.0)
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
 
 
 @dataclass(frozen=True)

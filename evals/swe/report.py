@@ -22,6 +22,9 @@ TIMING_NOTE = ("Non-streaming calls (mini-swe-agent's): TTFT = full response tim
                "time to the first generated token, decode tok/s = (output tokens - 1) / time after it. "
                "Times are taken at a recording relay in front of the endpoint.")
 CONTENT_CHARS = 400
+RUN_LINE = {"ok": "ok", "infrastructure failure": "INFRASTRUCTURE FAILURE",
+            "interrupted": "INTERRUPTED (Ctrl-C): the agent was killed; this report holds what was "
+                           "recorded until then"}
 
 
 def totals(calls: list[CallRecord], agent_seconds: float | None) -> dict[str, Any]:
@@ -50,20 +53,24 @@ def totals(calls: list[CallRecord], agent_seconds: float | None) -> dict[str, An
 
 def infrastructure_errors(agent: AgentRun, trajectory: Trajectory | None, trajectory_error: str | None,
                           calls: list[CallRecord]) -> list[str]:
-    """Why the run itself did not work (empty when it did): the agent timed out, crashed (nonzero
-    exit) or wrote no readable trajectory, no model call reached the endpoint, or a model call got
-    an HTTP error or a transport failure. A wrong patch is not an infrastructure error."""
+    """Why the run itself did not work (empty when it did): the agent crashed (nonzero exit) or
+    wrote no readable trajectory, no model call reached the endpoint, or a model call got an HTTP
+    error or a transport failure. A wrong patch is not an infrastructure error, and neither is an
+    agent killed at the time limit or by an interruption: then only the model calls that got a
+    whole answer are checked (the call in flight at the kill is cut by it)."""
     errors = []
-    if agent.timed_out:
-        errors.append(f"the agent did not finish within the time limit ({agent.seconds:.0f}s); it was killed")
-    elif agent.exit_code != 0:
-        errors.append(f"the agent exited with code {agent.exit_code} (see agent.log)")
-    if trajectory is None:
-        errors.append(f"no trajectory: {trajectory_error}")
+    if not agent.killed:
+        if agent.exit_code != 0:
+            errors.append(f"the agent exited with code {agent.exit_code} (see agent.log)")
+        if trajectory is None:
+            errors.append(f"no trajectory: {trajectory_error}")
     model_calls = [c for c in calls if c.is_model_call]
-    if not model_calls:
+    if not model_calls and not agent.killed:
         errors.append("no model call reached the endpoint")
     for c in model_calls:
+        cut = c.total_s is None or (c.error or "").startswith("client went away")
+        if agent.killed and cut:
+            continue
         if c.error is not None:
             errors.append(f"model call {c.index} ({c.method} {c.path}): {c.error}")
         elif c.status is None or not 200 <= c.status < 300:
@@ -73,10 +80,16 @@ def infrastructure_errors(agent: AgentRun, trajectory: Trajectory | None, trajec
 
 def build_report(*, task: SweTask, endpoint: str, model: str, step_limit: int, agent_name: str,
                  agent: AgentRun, trajectory: Trajectory | None, trajectory_error: str | None,
-                 calls: list[CallRecord], diff: str, changed: list[str], tests: PytestRun) -> dict[str, Any]:
+                 calls: list[CallRecord], diff: str, changed: list[str], tests: PytestRun,
+                 interrupted: bool = False) -> dict[str, Any]:
     """The report.json document (plain JSON types only). ``tests`` is the pytest run over the
     task's suite and failing tests in the agent's copy; the task is resolved when the failing
-    tests passed and the whole run passed."""
+    tests passed and the whole run passed.
+
+    ``status``: ``"interrupted"`` when the run was stopped (Ctrl-C: ``agent.interrupted`` or
+    ``interrupted``), else ``"ok"`` or ``"infrastructure failure"``. The harness exit status is
+    the trajectory's, or ``killed (timeout)`` / ``killed (interrupted)`` when the agent was
+    killed."""
     steps = list(trajectory.steps) if trajectory else []
     by_id = {s.response_id: s for s in steps if s.response_id}
     rows = []
@@ -87,6 +100,9 @@ def build_report(*, task: SweTask, endpoint: str, model: str, step_limit: int, a
         rows.append(row)
     errors = infrastructure_errors(agent, trajectory, trajectory_error, calls)
     info = trajectory.raw.get("info", {}) if trajectory else {}
+    interrupted = interrupted or agent.interrupted
+    status = "interrupted" if interrupted else "infrastructure failure" if errors else "ok"
+    exit_status = agent.exit_status or (trajectory.exit_status if trajectory else None)
     return {
         "task": {"name": task.name, "folder": str(task.folder), "issue": task.issue,
                  "failing_tests": list(task.failing_tests), "suite": list(task.suite)},
@@ -98,8 +114,10 @@ def build_report(*, task: SweTask, endpoint: str, model: str, step_limit: int, a
             "version": info.get("mini_version"),
             "executable": agent.argv[0],
             "exit_code": agent.exit_code,
-            "exit_status": trajectory.exit_status if trajectory else None,
+            "exit_status": exit_status,
+            "outcome": agent.outcome,
             "timed_out": agent.timed_out,
+            "interrupted": agent.interrupted,
             "seconds": agent.seconds,
             "api_calls": trajectory.api_calls if trajectory else None,
             "trajectory_messages": trajectory.n_messages if trajectory else None,
@@ -117,7 +135,8 @@ def build_report(*, task: SweTask, endpoint: str, model: str, step_limit: int, a
                   "failing_tests_pass": tests.all_passed(task.failing_tests), "suite_passes": tests.passed,
                   "resolved": tests.all_passed(task.failing_tests) and tests.passed},
         "infrastructure_errors": errors,
-        "ok": not errors,
+        "status": status,
+        "ok": status == "ok",
     }
 
 
@@ -138,12 +157,12 @@ def render_markdown(report: dict[str, Any]) -> str:
              f"- endpoint: {report['endpoint']} (model `{report['model']}`)",
              f"- agent: {agent['name']} {agent['version'] or ''} (`{agent['executable']}`), "
              f"step limit {report['step_limit']}",
-             f"- harness exit status: `{agent['exit_status']}`; process exit code: {agent['exit_code']}"
-             + (" (killed at the time limit)" if agent["timed_out"] else ""),
+             f"- harness exit status: `{agent['exit_status']}`; process exit code: "
+             f"{'-' if agent['exit_code'] is None else agent['exit_code']}; the harness {agent['outcome']}",
              f"- resolved: **{'yes' if tests['resolved'] else 'no'}** (failing tests: "
              + ", ".join(f"{node.rsplit('::', 1)[-1]} {outcome}" for node, outcome in tests["failing_tests"].items())
              + f"; suite: {tests['run']['summary'] or '-'})",
-             f"- run: {'ok' if report['ok'] else 'INFRASTRUCTURE FAILURE'}", ""]
+             f"- run: {RUN_LINE[report['status']]}", ""]
     if report["infrastructure_errors"]:
         lines += ["## Infrastructure errors", ""] + [f"- {e}" for e in report["infrastructure_errors"]] + [""]
     lines += ["## Issue", "", report["task"]["issue"].strip(), "", "## Steps", ""]

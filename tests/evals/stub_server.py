@@ -14,7 +14,10 @@ It records every request (path, headers, JSON body, arrival and finish times) an
 
 ``GET /metrics`` serves ``freetoken_`` families when ``freetoken`` is set: every finished request
 adds 3 expert hits (over two layers), 1 miss, 2 checkpoint saves and 1 load.
-``fail_on`` makes the n-th request (0-based) answer HTTP 500.
+``fail_on`` makes the n-th request (0-based) answer HTTP 500. ``api_key`` makes every route
+answer 401 unless the request carries it (``Authorization: Bearer`` or ``x-api-key``), as
+``freetoken serve --api-key`` does; ``models_status`` other than 200 makes ``GET /v1/models``
+answer that status (a server that is not OpenAI-compatible). ``gets`` logs the GET paths.
 """
 
 from __future__ import annotations
@@ -46,7 +49,10 @@ class StubState:
     token_delay_s: float = 0.001
     freetoken: bool = True
     fail_on: int | None = None
+    api_key: str | None = None
+    models_status: int = 200
     log: list[dict] = field(default_factory=list)
+    gets: list[str] = field(default_factory=list)
     finished: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -64,8 +70,24 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(payload)
 
+    def _refused(self) -> bool:
+        """Answer 401 when an API key is required and missing or wrong (True: answered)."""
+        key = self.state.api_key
+        if key is None:
+            return False
+        bearer = self.headers.get("authorization", "")
+        if bearer == f"Bearer {key}" or self.headers.get("x-api-key") == key:
+            return False
+        self._send(401, "application/json", b'{"error": {"message": "invalid API key"}}')
+        return True
+
     def do_GET(self) -> None:
-        if self.path == "/v1/models":
+        self.state.gets.append(self.path)
+        if self._refused():
+            return
+        if self.path == "/v1/models" and self.state.models_status != 200:
+            self._send(self.state.models_status, "text/html", b"<html>no such page</html>")
+        elif self.path == "/v1/models":
             self._send(200, "application/json", b'{"data": [{"id": "stub-model"}]}')
         elif self.path == "/metrics" and self.state.freetoken:
             n = self.state.finished
@@ -81,6 +103,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+        if self._refused():
+            return
         with self.state.lock:
             index = len(self.state.log)
             entry = {"path": self.path, "headers": dict(self.headers), "body": body,

@@ -158,8 +158,14 @@ argv = sys.argv[1:]
 out = argv[argv.index("-o") + 1]
 task = argv[argv.index("-t") + 1]
 specs = [argv[i + 1] for i, a in enumerate(argv) if a == "-c"]
-with open({seen!r}, "w") as f:
-    json.dump({{"argv": argv, "cwd": os.getcwd(), "env": dict(os.environ)}}, f)
+child = None
+if MODE == "sleep":  # a grandchild in the agent's process group, as mini's bash commands are
+    import subprocess
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"]).pid
+with open({seen!r} + ".tmp", "w") as f:
+    json.dump({{"argv": argv, "cwd": os.getcwd(), "env": dict(os.environ), "pid": os.getpid(),
+               "child": child}}, f)
+os.replace({seen!r} + ".tmp", {seen!r})
 if MODE == "sleep":
     time.sleep(600)
 messages = [{{"role": "system", "content": "sys"}}, {{"role": "user", "content": task}}]
@@ -206,7 +212,8 @@ def write_fake_mini(folder: Path, mode: str) -> tuple[Path, Path]:
 
     ``mode``: ``"noop"`` (two calls, each a format error, ``LimitsExceeded``), ``"fix"`` (applies
     the reference fix after the first call, ``Submitted``), ``"crash"`` (one call, exit 3, no
-    trajectory), ``"sleep"`` (hangs until killed).
+    trajectory), ``"sleep"`` (starts a sleeping child, then hangs until killed). The record
+    (written atomically) has ``pid`` and, in ``"sleep"`` mode, the child's ``child`` pid.
     """
     assert mode in ("noop", "fix", "crash", "sleep"), mode
     folder.mkdir(parents=True, exist_ok=True)

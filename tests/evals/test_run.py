@@ -142,14 +142,23 @@ def test_protocol_override_and_no_ignore_eos(tmp_path: Path, traces: Path) -> No
     assert summary["output_tokens"] == 4  # 2 tokens each without ignore_eos
 
 
-def test_missing_traces_fall_back_to_synthetic(tmp_path: Path) -> None:
+def test_missing_default_traces_fall_back_to_synthetic_loudly(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    monkeypatch.setenv("FREETOKEN_SHARED", str(tmp_path / "nowhere"))
     with StubServer(freetoken=False) as stub:
-        summary = _run(stub, tmp_path / "missing", tmp_path / "out", "W1", limit_turns=3,
-                       w1_max_tokens=5)
-    assert summary["traces"] == "synthetic" and summary["n_turns"] == 3
+        summary = run_workload(RunOptions(workload="W1", endpoint=stub.url, out=tmp_path / "out",
+                                          limit_turns=3, w1_max_tokens=5, progress=False))
+    assert capsys.readouterr().err == (
+        f"run: no traces folder at {tmp_path}/nowhere/traces; replaying the built-in SYNTHETIC "
+        "set (not real agent traffic); pass --traces DIR or set FREETOKEN_SHARED\n")
+    assert summary["traces"] == "synthetic" and summary["traces_source"] == "synthetic"
+    assert summary["n_turns"] == 3
     assert (tmp_path / "out/synthetic-traces/W1_math_aime/synthetic_math.jsonl").is_file()
     assert [b["max_tokens"] for b in stub.bodies] == [5, 5, 5]
     assert stub.bodies[0]["messages"][0]["content"].startswith("Problem 1. Compute")
+    md = (tmp_path / "out/summary.md").read_text()
+    assert md.startswith(f"# W1 replay: {stub.url.split('://')[1]} (traces: SYNTHETIC (not real "
+                         "agent traffic))\n")
 
 
 def test_w4_session_replay(tmp_path: Path, traces: Path) -> None:
@@ -165,27 +174,38 @@ def test_w4_session_replay(tmp_path: Path, traces: Path) -> None:
     assert all(r["max_tokens_source"] == "estimate" for r in _records(tmp_path))
 
 
-def test_cli_exit_codes_and_compare(tmp_path: Path, traces: Path) -> None:
+def test_cli_exit_codes_and_compare(tmp_path: Path, traces: Path,
+                                    capsys: pytest.CaptureFixture) -> None:
     with StubServer() as stub:
         argv = ["--workload", "W2", "--endpoint", stub.url, "--traces", str(traces),
                 "--limit-turns", "3", "--no-progress"]
         assert run_main(argv + ["--out", str(tmp_path / "a"), "--label", "A"]) == 0
         stub.state.first_delay_s = 0.05
+        assert run_main(argv + ["--out", str(tmp_path / "a2"), "--label", "A"]) == 0
         stub.state.fail_on = len(stub.state.log) + 1
         assert run_main(argv + ["--out", str(tmp_path / "b"), "--label", "B"]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("W2 A: 3 turns (0 failed), TTFT mean ")
+    assert out[0].endswith(f"; traces: real; wrote {tmp_path / 'a'}")
     failed = _records(tmp_path / "b")[1]
     assert failed["status"] == 500 and failed["error"].startswith("HTTP 500: ")
     assert json.loads((tmp_path / "b/summary.json").read_text())["n_failed"] == 1
     assert run_main(["--workload", "W2", "--endpoint", "http://x", "--traces", str(traces),
                      "--select", "nothing-matches", "--out", str(tmp_path / "c")]) == 2
 
-    assert compare_main([str(tmp_path / "a"), str(tmp_path / "b"),
+    assert compare_main([str(tmp_path / "a"), str(tmp_path / "a2"), str(tmp_path / "b"),
                          "--out", str(tmp_path / "cmp")]) == 0
     a = json.loads((tmp_path / "a/summary.json").read_text())
-    b = json.loads((tmp_path / "b/summary.json").read_text())
-    table = (tmp_path / "cmp/compare.md").read_text()
-    row_b = next(line for line in table.splitlines() if line.startswith("| B | W2 | 3 |"))
-    assert f"| {b['ttft_mean_s'] / a['ttft_mean_s']:.2f} |" in row_b
-    assert row_b.endswith(f"| {b['decode_tps_mean'] / a['decode_tps_mean']:.2f} |")
+    a2 = json.loads((tmp_path / "a2/summary.json").read_text())
+    assert a2["traces"] == a["traces"] == str(traces.resolve())
+    rows = (tmp_path / "cmp/compare.md").read_text().splitlines()
+    row_a = next(line for line in rows if line.startswith("| A (a) | W2 | real | openai | 3 | 0 |"))
+    assert row_a.endswith("| 1.00 | 1.00 |")
+    row_a2 = next(line for line in rows if line.startswith("| A (a2) | W2 | real | openai | 3 | 0 |"))
+    assert f"| {a2['ttft_mean_s'] / a['ttft_mean_s']:.2f} |" in row_a2
+    assert row_a2.endswith(f"| {a2['decode_tps_mean'] / a['decode_tps_mean']:.2f} |")
+    row_b = next(line for line in rows if line.startswith("| B (not comparable: run has 1 failed "
+                                                          "turn(s)) | W2 | real | openai | 3 | 1 |"))
+    assert row_b.endswith(" |  |  |")  # no ratios
     assert (tmp_path / "cmp/compare.png").read_bytes().startswith(PNG)
     assert compare_main([str(tmp_path / "nothing")]) == 2

@@ -306,15 +306,6 @@ def test_run_reports_http_errors_of_the_endpoint(tmp_path: Path) -> None:
     assert report["totals"]["answered_2xx"] == 0 and report["totals"]["ttft_mean_s"] is None
 
 
-def test_run_kills_an_agent_at_the_time_limit(stub: StubServer, tmp_path: Path) -> None:
-    mini, _ = write_fake_mini(tmp_path / "bin", "sleep")
-    code, report = _run(stub.url, mini, tmp_path / "out", "--timeout", "1.5")
-    assert code == 1
-    assert report["agent"]["timed_out"] and report["agent"]["exit_code"] is None
-    assert report["infrastructure_errors"][0].startswith("the agent did not finish within the time limit")
-    assert "no model call reached the endpoint" in report["infrastructure_errors"]
-
-
 def test_run_cannot_start_without_an_agent_or_a_known_model(stub: StubServer, tmp_path: Path,
                                                             capsys: pytest.CaptureFixture) -> None:
     assert run_swe.main(["--endpoint", stub.url, "--agent-bin", str(tmp_path / "nope"), "--out", str(tmp_path)]) == 2
