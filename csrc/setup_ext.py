@@ -19,6 +19,7 @@ X86 = platform.machine().lower() in {"x86_64", "amd64", "i686", "i386"}
 ISA_FLAGS = {
     "rows_dot_avx2": ["-mavx2", "-mfma", "-mf16c"],
     "rows_q4_avx2": ["-mavx2", "-mfma", "-mf16c"],
+    "rows_q8_avx2": ["-mavx2", "-mfma", "-mf16c"],
     "rows_dot_avx512_bf16": ["-mavx2", "-mfma", "-mavx512f", "-mavx512bw", "-mavx512vl",
                              "-mavx512bf16"],
 }

@@ -8,7 +8,9 @@ read (codes + scales + zero points of every distinct routed expert, once) per se
 wall time, and the ratio of that to two same-run baselines on a large fp32 tensor:
 ``copy`` (``dst.copy_(src)``, counting bytes read + written, the STREAM convention) and ``read``
 (``src.sum()``, bytes read). The kernel's goal is >= 0.85 of copy. Each (format, ISA) result is
-first checked against the fp32 reference on the dequantised weights.
+first checked against the fp32 reference on the dequantised weights. The rows ``mxfp4+q8`` and
+``q4g+q8`` run the same banks with int8 activations (``activations="q8"``), checked against the
+q8 reference (``cpu_moe_reference_q8``, ``Q8_ACCUMULATION_TOLERANCE``); they have no torch row.
 
 Run: ``python -m evals.bench_moe_kernel [--shapes small,large] [--iters 30]`` (about a minute,
 peak ~2.5 GiB RAM for the fp32 banks of the larger shape). ``run(args)`` returns the table rows.
@@ -26,8 +28,10 @@ import torch.nn.functional as F
 
 from freetoken.ops.cpu_moe import (
     FORMAT_TOLERANCE,
+    Q8_ACCUMULATION_TOLERANCE,
     ExpertBankView,
     cpu_moe_reference_banks,
+    cpu_moe_reference_q8,
     relative_rms_error,
 )
 from freetoken.ops.cpu_moe.cpu import cpu_moe_banks, num_threads, supported_isas
@@ -35,7 +39,7 @@ from freetoken.ops.cpu_moe.formats import dequantize_bank
 
 # name: (H, I, N flat experts, top-k). "small" is the small preset (64 experts x 12 layers).
 SHAPES = {"small": (1024, 256, 64 * 12, 8), "large": (2048, 768, 128, 8)}
-FORMATS = ("bf16", "fp32", "mxfp4", "q4g")
+FORMATS = ("bf16", "fp32", "mxfp4", "q4g", "mxfp4+q8", "q4g+q8")  # "+q8": int8 activations
 
 
 def _median_s(fn: Callable[[], object], iters: int) -> float:
@@ -110,15 +114,24 @@ def bench_shape(name: str, args: argparse.Namespace, copy_gbs: float, read_gbs: 
     x = torch.randn(1, h)
     routings = _routings(n, k, args.iters + 1, seed=1)
     for fmt in args.formats:
-        banks = random_banks(fmt, n, h, i)
+        bank_fmt, _, act = fmt.partition("+")
+        act = act or "fp32"
+        banks = random_banks(bank_fmt, n, h, i)
         nbytes = k * banks.expert_nbytes()
-        impls = {f"kernel {isa}": (lambda r, isa=isa: cpu_moe_banks(x, *r, banks, isa=isa))
+        impls = {f"kernel {isa}": (lambda r, isa=isa: cpu_moe_banks(x, *r, banks, isa=isa,
+                                                                    activations=act))
                  for isa in supported_isas()}
-        impls["torch per-expert"] = lambda r: torch_per_expert(x, *r, banks)
-        ref = cpu_moe_reference_banks(x, *routings[0], banks)
+        if act == "fp32":
+            impls["torch per-expert"] = lambda r: torch_per_expert(x, *r, banks)
+            ref = cpu_moe_reference_banks(x, *routings[0], banks)
+        else:
+            ref = cpu_moe_reference_q8(x, *routings[0], banks)
         for impl, fn in impls.items():
             err = relative_rms_error(ref, fn(routings[0]))
-            bound = FORMAT_TOLERANCE[fmt] if impl.startswith("kernel") else 1e-2
+            if not impl.startswith("kernel"):
+                bound = 1e-2
+            else:
+                bound = FORMAT_TOLERANCE[fmt] if act == "fp32" else Q8_ACCUMULATION_TOLERANCE
             assert err <= bound, f"{name} {fmt} {impl}: error {err:.3g} > {bound}"
             times = []
             kernel = impl.startswith("kernel")
@@ -157,12 +170,12 @@ def run(args: argparse.Namespace | None = None) -> list[dict]:
           f"ISAs {', '.join(supported_isas())}")
     print(f"memory: copy {copy_gbs:.1f} GB/s (read+write bytes), sum {read_gbs:.1f} GB/s (read)")
     rows: list[dict] = [dict(impl="memory", copy_gb_s=copy_gbs, read_gb_s=read_gbs)]
-    print(f"{'shape':<7}{'format':<7}{'impl':<20}{'MiB/exp':>8}{'ms/call':>9}{'GB/s':>7}"
+    print(f"{'shape':<7}{'format':<10}{'impl':<20}{'MiB/exp':>8}{'ms/call':>9}{'GB/s':>7}"
           f"{'/copy':>7}{'/read':>7}")
     for name in args.shapes.split(","):
         for row in bench_shape(name, args, copy_gbs, read_gbs):
             rows.append(row)
-            print(f"{row['shape']:<7}{row['format']:<7}{row['impl']:<20}{row['expert_mib']:>8.2f}"
+            print(f"{row['shape']:<7}{row['format']:<10}{row['impl']:<20}{row['expert_mib']:>8.2f}"
                   f"{row['ms']:>9.3f}{row['gb_s']:>7.1f}{row['vs_copy']:>7.2f}"
                   f"{row['vs_read']:>7.2f}")
     return rows

@@ -94,6 +94,7 @@ def _add_cache_options(p: argparse.ArgumentParser) -> None:
 
 
 def _add_moe_options(p: argparse.ArgumentParser) -> None:
+    from freetoken.offload.backend import CPU_ACTIVATIONS
     from freetoken.offload.banks import EXPERT_FORMATS
     from freetoken.offload.control import MOE_BACKENDS
     from freetoken.offload.scores import POLICIES
@@ -111,6 +112,14 @@ def _add_moe_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--moe-expert-format", choices=EXPERT_FORMATS, default="dense",
                    help="host expert banks: dense (default; bf16 or fp32 as stored), or 4-bit mxfp4 / "
                         "q4g, quantised at load (H and I must be multiples of 32)")
+    g.add_argument("--moe-cpu-activations", choices=CPU_ACTIVATIONS, default="fp32",
+                   help="activations of the CPU expert kernel: fp32 (default, exact) or q8 (int8 "
+                        "per block of 32, faster; needs --moe-expert-format mxfp4 or q4g)")
+    g.add_argument("--moe-memory-floor", default=None, metavar="SIZE",
+                   help="keep SIZE (e.g. 2GiB) of device memory free: the expert cache shrinks at a "
+                        "step boundary when free memory drops below it and regrows toward its "
+                        "requested size when memory returns (CUDA: driver free memory; CPU "
+                        "device: MemAvailable); default: no watcher")
     g.add_argument("--moe-policy", choices=POLICIES, default="lru",
                    help="expert cache eviction policy (default lru)")
     g.add_argument("--moe-profile", type=Path, default=None, metavar="FILE",

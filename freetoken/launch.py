@@ -108,11 +108,16 @@ def check_moe_flags(args: argparse.Namespace):
     if record is not None and (record.is_dir() or not record.parent.is_dir()):
         raise ValueError(f"--record-routing {record}: need a file path in an existing folder")
     moe = MoeConfig(backend=args.moe_backend, cache=args.moe_cache_slots, policy=args.moe_policy,
-                    log_every=args.moe_log_every, expert_format=args.moe_expert_format)
+                    log_every=args.moe_log_every, expert_format=args.moe_expert_format,
+                    cpu_activations=args.moe_cpu_activations,
+                    memory_floor=args.moe_memory_floor)
     if args.moe_backend == "resident" or (args.moe_backend == "auto" and device.type == "cpu"):
         for flag, value in (("--moe-cache-slots", args.moe_cache_slots),
                             ("--moe-expert-format", None if args.moe_expert_format == "dense"
-                             else args.moe_expert_format)):
+                             else args.moe_expert_format),
+                            ("--moe-cpu-activations", None if args.moe_cpu_activations == "fp32"
+                             else args.moe_cpu_activations),
+                            ("--moe-memory-floor", args.moe_memory_floor)):
             if value is not None:
                 _say(f"note: {flag} has no effect: --moe-backend {args.moe_backend} keeps every "
                      "expert resident" + (" on a CPU device" if args.moe_backend == "auto" else ""))

@@ -2,6 +2,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -9,6 +10,7 @@
 #include <stdexcept>
 
 #include "freetoken/moe.h"
+#include "freetoken/q8.h"
 #include "bank_args.h"
 #include "tensor_arg.h"
 
@@ -93,6 +95,20 @@ class MoeHandle {
   py::object out_;
 };
 
+// "fp32" -> false, "q8" -> true (4-bit banks only); ValueError otherwise.
+bool parse_activations(const std::string& activations, WeightFormat format,
+                       const std::string& format_name) {
+  if (activations == "fp32") return false;
+  if (activations != "q8") {
+    throw py::value_error("unknown activations '" + activations + "'; expected one of: fp32, q8");
+  }
+  if (format != WeightFormat::kMxfp4 && format != WeightFormat::kQ4g) {
+    throw py::value_error("activations='q8' needs 4-bit expert banks (mxfp4 or q4g), got " +
+                          format_name);
+  }
+  return true;
+}
+
 std::vector<int64_t> copy_i64(const TensorArg& t) {
   const auto* p = static_cast<const int64_t*>(t.data);
   return std::vector<int64_t>(p, p + t.shape[0]);
@@ -102,7 +118,10 @@ std::vector<int64_t> copy_i64(const TensorArg& t) {
 std::unique_ptr<MoeHandle> submit_checked(const py::handle& x, const py::handle& token_ids,
                                           const py::handle& expert_ids, const py::handle& weights,
                                           BankArg gu, BankArg dn,
-                                          const std::optional<std::string>& isa) {
+                                          const std::optional<std::string>& isa,
+                                          const std::string& format_name,
+                                          const std::string& activations) {
+  const bool act_q8 = parse_activations(activations, gu.bank.format, format_name);
   TensorArg xa = check_tensor(x, "x", "[T, H]", 2, {"float32", "bfloat16"});
   TensorArg ta = check_tensor(token_ids, "token_ids", "[P]", 1, {"int64"});
   TensorArg ea = check_tensor(expert_ids, "expert_ids", "[P]", 1, {"int64"});
@@ -142,6 +161,7 @@ std::unique_ptr<MoeHandle> submit_checked(const py::handle& x, const py::handle&
     throw py::value_error(e.what());
   }
   p.isa = resolve_isa(isa);
+  p.act_q8 = act_q8;
   const TorchRefs& torch = torch_refs();
   py::object out = torch.empty(p.num_tokens, h, py::arg("dtype") = torch.float32);
   p.out = reinterpret_cast<float*>(call_method(out, torch.data_ptr).cast<uintptr_t>());
@@ -161,7 +181,8 @@ std::unique_ptr<MoeHandle> submit_checked(const py::handle& x, const py::handle&
 std::unique_ptr<MoeHandle> submit(const py::handle& x, const py::handle& token_ids,
                                   const py::handle& expert_ids, const py::handle& weights,
                                   const py::handle& gate_up, const py::handle& down,
-                                  const std::optional<std::string>& isa) {
+                                  const std::optional<std::string>& isa,
+                                  const std::string& activations) {
   TensorArg gu = check_tensor(gate_up, "gate_up", "[N, 2I, H]", 3, {"float32", "bfloat16"});
   TensorArg dn = check_tensor(down, "down", "[N, H, I]", 3, {"float32", "bfloat16"});
   if (gu.dtype != dn.dtype) {
@@ -171,17 +192,43 @@ std::unique_ptr<MoeHandle> submit(const py::handle& x, const py::handle& token_i
   const std::string format = gu.is_bf16 ? "bf16" : "fp32";
   return submit_checked(x, token_ids, expert_ids, weights,
                         check_bank(format, py::make_tuple(gate_up), "gate_up", "[N, 2I, H]"),
-                        check_bank(format, py::make_tuple(down), "down", "[N, H, I]"), isa);
+                        check_bank(format, py::make_tuple(down), "down", "[N, H, I]"), isa, format,
+                        activations);
 }
 
 std::unique_ptr<MoeHandle> submit_banks(const py::handle& x, const py::handle& token_ids,
                                         const py::handle& expert_ids, const py::handle& weights,
                                         const std::string& format, const py::tuple& gate_up,
                                         const py::tuple& down,
-                                        const std::optional<std::string>& isa) {
+                                        const std::optional<std::string>& isa,
+                                        const std::string& activations) {
   return submit_checked(x, token_ids, expert_ids, weights,
                         check_bank(format, gate_up, "gate_up", "[N, 2I, H]"),
-                        check_bank(format, down, "down", "[N, H, I]"), isa);
+                        check_bank(format, down, "down", "[N, H, I]"), isa, format, activations);
+}
+
+// The q8 block quantiser on v [R, C] fp32 in column order (tests compare it with the torch one).
+py::tuple quantize_q8_natural(const py::handle& v) {
+  TensorArg va = check_tensor(v, "v", "[R, C]", 2, {"float32"});
+  const int64_t rows = va.shape[0], cols = va.shape[1];
+  if (cols % kQ8Block != 0) {
+    throw py::value_error("v " + shape_str(va.shape) + ": C must be a multiple of 32");
+  }
+  py::module_ torch = py::module_::import("torch");
+  py::object q = torch.attr("empty")(rows, cols, py::arg("dtype") = torch.attr("int8"));
+  py::object d =
+      torch.attr("empty")(rows, cols / kQ8Block, py::arg("dtype") = torch.attr("float32"));
+  auto* qp = reinterpret_cast<int8_t*>(q.attr("data_ptr")().cast<uintptr_t>());
+  auto* dp = reinterpret_cast<float*>(d.attr("data_ptr")().cast<uintptr_t>());
+  const auto* src = static_cast<const float*>(va.data);
+  std::vector<float> slots(q8_scale_slots(cols));
+  std::vector<int32_t> sums(slots.size());
+  for (int64_t r = 0; r < rows; ++r) {
+    quantize_q8(Q8Layout::kNatural, src + r * cols, 0, cols, cols, qp + r * cols, slots.data(),
+                sums.data());
+    std::copy(slots.begin(), slots.begin() + cols / kQ8Block, dp + r * (cols / kQ8Block));
+  }
+  return py::make_tuple(q, d);
 }
 
 }  // namespace
@@ -194,11 +241,15 @@ void bind_moe(py::module_& m) {
            "Wall seconds the job ran on the pool (steady_clock); -1.0 until done (never blocks).");
   m.def("submit", &submit, py::arg("x"), py::arg("token_ids"), py::arg("expert_ids"),
         py::arg("weights"), py::arg("gate_up"), py::arg("down"), py::arg("isa") = py::none(),
+        py::arg("activations") = "fp32",
         "Queue the SwiGLU expert MLP for (token, expert, weight) triples; returns a MoeHandle.");
   m.def("submit_banks", &submit_banks, py::arg("x"), py::arg("token_ids"), py::arg("expert_ids"),
         py::arg("weights"), py::arg("format"), py::arg("gate_up"), py::arg("down"),
-        py::arg("isa") = py::none(),
+        py::arg("isa") = py::none(), py::arg("activations") = "fp32",
         "submit() for banks in any format: gate_up / down are tuples of tensors (bank_args.h).");
+  m.def("quantize_q8", &quantize_q8_natural, py::arg("v"),
+        "Block int8 quantisation (freetoken/q8.h) of v [R, C] fp32 contiguous CPU, C a multiple "
+        "of 32: returns (q [R, C] int8, d [R, C/32] fp32), column order.");
   m.def("num_threads", [] { return runner().num_threads(); },
         "Worker threads of the process-wide pool (starts it).");
   m.def("physical_cores", &physical_core_count, "Physical cores in this process's affinity mask.");

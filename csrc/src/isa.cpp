@@ -77,4 +77,11 @@ RowsDotFn rows_dot_for(Isa isa, WeightFormat format) {
   return format == WeightFormat::kFp32 ? &rows_dot_f32_avx2 : &rows_dot_bf16_avx2;
 }
 
+RowsDotFn rows_dot_q8_for(Isa isa, WeightFormat format) {
+  if (format != WeightFormat::kMxfp4 && format != WeightFormat::kQ4g) {
+    throw std::invalid_argument("q8 activations need 4-bit weights (mxfp4 or q4g)");
+  }
+  return isa == Isa::kScalar ? &rows_dot_q8_scalar : &rows_dot_q8_avx2;
+}
+
 }  // namespace freetoken

@@ -9,6 +9,8 @@
 // The vectors each ISA variant reads are packed into its VecLayout once per call: x before
 // phase 1, and act by the phase-1 task that computes it (I-chunks start at multiples of 16, so a
 // chunk packs on its own), so no variant permutes a vector per weight row.
+// With act_q8 the vectors are quantised to int8 blocks of 32 columns instead (freetoken/q8.h): x
+// once per call, act by the phase-1 task that computes it (I-chunks are then multiples of 32).
 #include "freetoken/moe.h"
 
 #include <algorithm>
@@ -18,6 +20,8 @@
 #include <numeric>
 #include <stdexcept>
 #include <string>
+
+#include "freetoken/q8.h"
 
 namespace freetoken {
 
@@ -32,13 +36,15 @@ struct Group {
 };
 
 // Rows per task: enough tasks to balance the pool (and to let a thread that the OS delays hand
-// its share to the others), few enough to amortize the per-task overhead; a multiple of 16 rows.
-int64_t chunk_rows(int64_t rows, int threads) {
+// its share to the others), few enough to amortize the per-task overhead; a multiple of `align`.
+int64_t chunk_rows(int64_t rows, int threads, int64_t align) {
   const int64_t target_tasks = kTasksPerThread * static_cast<int64_t>(threads);
   int64_t chunk = (rows + target_tasks - 1) / target_tasks;
-  chunk = std::max<int64_t>(16, (chunk + 15) / 16 * 16);
+  chunk = std::max<int64_t>(align, (chunk + align - 1) / align * align);
   return std::min(chunk, rows);
 }
+
+bool is_4bit(WeightFormat f) { return f == WeightFormat::kMxfp4 || f == WeightFormat::kQ4g; }
 
 float bf16_bits_to_f32(uint16_t bits) {
   uint32_t u = static_cast<uint32_t>(bits) << 16;
@@ -124,6 +130,10 @@ void validate_routing(const MoeProblem& p) {
 
 void moe_forward(const MoeProblem& p, ThreadPool& pool) {
   const int64_t T = p.num_tokens, H = p.hidden, I = p.intermediate;
+  const bool q8 = p.act_q8;
+  if (q8 && !(is_4bit(p.gate_up.format) && is_4bit(p.down.format))) {
+    throw std::invalid_argument("act_q8 needs 4-bit expert banks (mxfp4 or q4g)");
+  }
   std::fill(p.out, p.out + T * H, 0.0f);
 
   std::vector<int64_t> order;  // triple indices sorted by (expert, position)
@@ -144,33 +154,47 @@ void moe_forward(const MoeProblem& p, ThreadPool& pool) {
   const VecLayout act_layout = vec_layout_for(p.isa, p.down.format);
   std::vector<float> x_packed;  // bf16 inputs widened, and x in x_layout, once
   const float* x = static_cast<const float*>(p.x);
-  if (p.x_is_bf16 || x_layout != VecLayout::kNatural) {
-    std::vector<float> row(p.x_is_bf16 ? H : 0);
+  const Q8Layout q8_layout = q8_layout_for(p.isa);
+  Q8Rows x_q, act_q;  // q8: x quantised once; act quantised by phase 1
+  std::vector<float> row(p.x_is_bf16 ? H : 0);
+  const auto x_row = [&](int64_t t) -> const float* {  // token t as fp32 (bf16 widened)
+    if (!p.x_is_bf16) return x + t * H;
+    const auto* xb = static_cast<const uint16_t*>(p.x) + t * H;
+    for (int64_t h = 0; h < H; ++h) row[h] = bf16_bits_to_f32(xb[h]);
+    return row.data();
+  };
+  if (q8) {
+    x_q = Q8Rows(q8_layout, T, H);
+    for (int64_t t = 0; t < T; ++t) x_q.quantize(t, x_row(t), 0, H);
+  } else if (p.x_is_bf16 || x_layout != VecLayout::kNatural) {
     x_packed.resize(T * H);
-    for (int64_t t = 0; t < T; ++t) {
-      const float* src = x + t * H;
-      if (p.x_is_bf16) {
-        const auto* xb = static_cast<const uint16_t*>(p.x) + t * H;
-        for (int64_t h = 0; h < H; ++h) row[h] = bf16_bits_to_f32(xb[h]);
-        src = row.data();
-      }
-      pack_vector(x_layout, src, x_packed.data() + t * H, H);
-    }
+    for (int64_t t = 0; t < T; ++t) pack_vector(x_layout, x_row(t), x_packed.data() + t * H, H);
     x = x_packed.data();
   }
   const int64_t P = static_cast<int64_t>(order.size());
-  std::vector<const float*> x_rows(P), act_rows(P);
-  std::vector<float> act(P * I);  // [P, I] in sorted order, each row in act_layout
-  for (int64_t s = 0; s < P; ++s) {
-    x_rows[s] = x + p.token_ids[order[s]] * H;
-    act_rows[s] = act.data() + s * I;
+  std::vector<const float*> x_rows(q8 ? 0 : P), act_rows(q8 ? 0 : P);
+  std::vector<float> act(q8 ? 0 : P * I);  // [P, I] in sorted order, each row in act_layout
+  std::vector<Q8Vec> x_qrows(q8 ? P : 0), act_qrows(q8 ? P : 0);
+  if (q8) {
+    act_q = Q8Rows(q8_layout, P, I);
+    for (int64_t s = 0; s < P; ++s) {
+      x_qrows[s] = x_q.vec(p.token_ids[order[s]]);
+      act_qrows[s] = act_q.vec(s);
+    }
+  } else {
+    for (int64_t s = 0; s < P; ++s) {
+      x_rows[s] = x + p.token_ids[order[s]] * H;
+      act_rows[s] = act.data() + s * I;
+    }
   }
-  const RowsDotFn dot_gate_up = rows_dot_for(p.isa, p.gate_up.format);
-  const RowsDotFn dot_down = rows_dot_for(p.isa, p.down.format);
+  const RowsDotFn dot_gate_up =
+      q8 ? rows_dot_q8_for(p.isa, p.gate_up.format) : rows_dot_for(p.isa, p.gate_up.format);
+  const RowsDotFn dot_down =
+      q8 ? rows_dot_q8_for(p.isa, p.down.format) : rows_dot_for(p.isa, p.down.format);
   const int threads = pool.size();
 
   if (I > 0) {
-    const int64_t ci = chunk_rows(I, threads);
+    const int64_t ci = chunk_rows(I, threads, q8 ? kQ8Block : 16);
     pool.parallel_for((I + ci - 1) / ci, [&](int64_t task) {
       const int64_t j0 = task * ci, j1 = std::min(I, j0 + ci), nj = j1 - j0;
       std::vector<float> g, u, a_row(nj);
@@ -188,7 +212,11 @@ void moe_forward(const MoeProblem& p, ThreadPool& pool) {
           }
           RowsDotArgs a = expert_rows(p.gate_up, grp.expert, 2 * I, H, half * I + j0,
                                       half * I + j1);
-          a.vecs = x_rows.data() + grp.begin;
+          if (q8) {
+            a.qvecs = x_qrows.data() + grp.begin;
+          } else {
+            a.vecs = x_rows.data() + grp.begin;
+          }
           a.num_vecs = n;
           a.out = half ? u.data() : g.data();
           a.out_stride = nj;
@@ -196,13 +224,17 @@ void moe_forward(const MoeProblem& p, ThreadPool& pool) {
         }
         for (int64_t i = 0; i < n; ++i) {
           for (int64_t j = 0; j < nj; ++j) a_row[j] = silu(g[i * nj + j]) * u[i * nj + j];
-          pack_vector(act_layout, a_row.data(), act.data() + (grp.begin + i) * I + j0, nj);
+          if (q8) {
+            act_q.quantize(grp.begin + i, a_row.data(), j0, j1);
+          } else {
+            pack_vector(act_layout, a_row.data(), act.data() + (grp.begin + i) * I + j0, nj);
+          }
         }
       }
     });
   }
 
-  const int64_t ch = chunk_rows(H, threads);
+  const int64_t ch = chunk_rows(H, threads, 16);
   pool.parallel_for((H + ch - 1) / ch, [&](int64_t task) {
     const int64_t h0 = task * ch, h1 = std::min(H, h0 + ch), nh = h1 - h0;
     std::vector<float> y;
@@ -215,7 +247,11 @@ void moe_forward(const MoeProblem& p, ThreadPool& pool) {
       }
       if (I > 0) {
         RowsDotArgs a = expert_rows(p.down, grp.expert, H, I, h0, h1);
-        a.vecs = act_rows.data() + grp.begin;
+        if (q8) {
+          a.qvecs = act_qrows.data() + grp.begin;
+        } else {
+          a.vecs = act_rows.data() + grp.begin;
+        }
         a.num_vecs = n;
         a.out = y.data();
         a.out_stride = nh;

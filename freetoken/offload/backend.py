@@ -27,6 +27,8 @@ from freetoken.offload.control import MOE_BACKENDS, parse_bytes
 from freetoken.offload.scores import POLICIES
 from freetoken.offload.split import MODES
 
+CPU_ACTIVATIONS = ("fp32", "q8")  # freetoken.ops.cpu_moe ``activations``
+
 SPLIT_OF_BACKEND = {"offload": "all-fill", "cpu": "all-cpu", "hybrid": "split"}
 DEFAULT_CPU_FRACTION = 0.25
 CUDA_RESERVE_FRACTION = 0.15  # of free memory, kept for KV cache and activations
@@ -50,9 +52,19 @@ class MoeConfig:
         log_every: summary log line every this many steps (0 = never).
         expert_format: host bank format: ``dense`` (the bank dtype), or the 4-bit ``mxfp4`` /
             ``q4g`` (quantised once at load; every backend then computes the dequantised values).
+        cpu_activations: activations of the CPU expert kernel (the misses run on the CPU):
+            ``fp32`` (exact up to fp32 summation order) or ``q8`` (int8 per 32-column block,
+            exact integer block sums; faster, within ``freetoken.ops.cpu_moe.Q8_TOLERANCE`` of
+            fp32 per MoE layer). ``q8`` needs ``expert_format`` ``mxfp4`` or ``q4g``.
+        memory_floor: free device memory to keep, as a size (``"2GiB"``; a bare number is
+            bytes), or None (no watcher). With a floor, a memory watcher
+            (``freetoken.offload.watcher``) shrinks the expert cache when free memory drops below
+            it and regrows it toward the requested size when memory returns.
 
     Raises:
-        ValueError: unknown backend / policy / split, bad cache spec, bad ratio or eta.
+        ValueError: unknown backend / policy / split, bad cache spec, bad ratio or eta, unknown
+            ``cpu_activations`` or ``q8`` with dense banks, a bad ``memory_floor`` or one with
+            ``resident``.
     """
 
     backend: str = "auto"
@@ -64,6 +76,8 @@ class MoeConfig:
     preload: bool = True
     log_every: int = 0
     expert_format: str = "dense"
+    cpu_activations: str = "fp32"
+    memory_floor: str | None = None
 
     def __post_init__(self) -> None:
         if self.backend not in MOE_BACKENDS:
@@ -84,8 +98,32 @@ class MoeConfig:
         if self.backend == "resident" and self.expert_format != "dense":
             raise ValueError(f"--moe-expert-format {self.expert_format} needs host expert banks: "
                              "use --moe-backend offload, cpu or hybrid")
+        if self.cpu_activations not in CPU_ACTIVATIONS:
+            raise ValueError(f"unknown --moe-cpu-activations {self.cpu_activations!r}; choose one "
+                             f"of {', '.join(CPU_ACTIVATIONS)}")
+        if self.cpu_activations == "q8" and self.expert_format not in ("mxfp4", "q4g"):
+            raise ValueError(f"--moe-cpu-activations q8 needs 4-bit host expert banks: use "
+                             f"--moe-expert-format mxfp4 or q4g (got {self.expert_format})")
         if self.eta < 0 or self.log_every < 0:
             raise ValueError("eta and log_every must be >= 0")
+        if self.memory_floor is not None:
+            self.memory_floor_bytes()
+            if self.backend == "resident":
+                raise ValueError("--moe-memory-floor needs an expert cache: use --moe-backend "
+                                 "offload, cpu or hybrid")
+
+    def memory_floor_bytes(self) -> int | None:
+        """``memory_floor`` in bytes (None without one).
+
+        Raises:
+            ValueError: not a positive size.
+        """
+        if self.memory_floor is None:
+            return None
+        try:
+            return parse_bytes(str(self.memory_floor))
+        except ValueError as exc:
+            raise ValueError(f"invalid --moe-memory-floor {self.memory_floor!r}: {exc}") from None
 
 
 def parse_cache_spec(spec: str) -> tuple[str, float]:

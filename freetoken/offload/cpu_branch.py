@@ -2,7 +2,8 @@
 
 Runs the project's C++ kernel (``freetoken.ops.cpu_moe``: asynchronous, GIL released, persistent
 thread pool), which takes every bank format :class:`ExpertBanks` can hold (bf16, fp32, mxfp4,
-q4g). A handle returns the gate-weighted per-token partial sums ``[T, H]`` in fp32 and how long
+q4g), with fp32 activations or, for 4-bit banks, int8 ones (``activations="q8"``). A handle
+returns the gate-weighted per-token partial sums ``[T, H]`` in fp32 and how long
 the kernel worked, which the online split correction needs.
 """
 
@@ -51,10 +52,14 @@ class CpuBranch:
 
     Args:
         banks: the host expert banks.
+        activations: the kernel's ``activations``: ``"fp32"`` or ``"q8"`` (4-bit banks only;
+            the kernel raises ValueError at the first submit otherwise; ``MoeConfig`` checks it
+            before loading).
     """
 
-    def __init__(self, banks: ExpertBanks) -> None:
+    def __init__(self, banks: ExpertBanks, activations: str = "fp32") -> None:
         self.banks = banks
+        self.activations = activations
 
     def submit(self, x: torch.Tensor, token_ids: torch.Tensor, flat_ids: torch.Tensor,
                weights: torch.Tensor):
@@ -72,4 +77,5 @@ class CpuBranch:
         if x.dtype not in (torch.float32, torch.bfloat16):
             x = x.float()
         x = x.contiguous()
-        return _Kernel(cpu.submit_banks(x, token_ids, flat_ids, weights, self.banks.kernel_view()))
+        return _Kernel(cpu.submit_banks(x, token_ids, flat_ids, weights, self.banks.kernel_view(),
+                                        activations=self.activations))

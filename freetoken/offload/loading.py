@@ -30,6 +30,7 @@ from freetoken.offload.policies import uniform_hot_set
 from freetoken.offload.runtime import OffloadRuntime
 from freetoken.offload.scores import make_scores
 from freetoken.offload.split import MissSplit
+from freetoken.offload.watcher import MemoryWatcher, free_memory_probe
 
 logger = logging.getLogger("freetoken.offload")
 DEFAULT_RATIO = 0.5  # B_P / B_H without a profile
@@ -100,6 +101,19 @@ def planned_bank_dtype(path, compute_dtype: str) -> str:
     return str(bank_dtype(Checkpoint(path), dtype, name)).removeprefix("torch.")
 
 
+def memory_watcher(runtime: OffloadRuntime, floor: int, device: torch.device) -> MemoryWatcher:
+    """The ``--moe-memory-floor`` watcher of ``runtime`` on ``device``.
+
+    Raises:
+        ValueError: free memory on ``device`` cannot be read.
+    """
+    probe = free_memory_probe(device)
+    if probe is None:
+        raise ValueError(f"--moe-memory-floor: cannot read free memory on {device}")
+    release = torch.cuda.empty_cache if device.type == "cuda" else None
+    return MemoryWatcher(runtime, floor, probe, release=release)
+
+
 def build_offloaded(model_cls: type[DecoderLM], config: ModelConfig, checkpoint: Checkpoint,
                     dtype: torch.dtype, device: str | torch.device, moe: MoeConfig,
                     bandwidths: tuple[float, float] | None = None) -> DecoderLM | None:
@@ -137,20 +151,30 @@ def build_offloaded(model_cls: type[DecoderLM], config: ModelConfig, checkpoint:
     slot = slot_bytes(banks.hidden, banks.intermediate, dtype)
     free = device_free_bytes(device)
     budget = int(free * (1 - CUDA_RESERVE_FRACTION)) if free is not None else None
+    floor = moe.memory_floor_bytes()
+    if budget is not None and floor is not None:  # the default size leaves the floor free
+        budget = max(slot, min(budget, free - floor))
     slots = resolve_slots(moe.cache, slot, banks.num_ids, budget)
     cache = ExpertCache(banks, slots, device, dtype, make_scores(moe.policy, banks.num_ids, device))
     ratio = moe.ratio or (bandwidths[0] / bandwidths[1] if bandwidths else DEFAULT_RATIO)
     split = MissSplit(moe.split or SPLIT_OF_BACKEND[backend], ratio, moe.eta)
-    runtime = OffloadRuntime(banks, cache, split, backend, bandwidths, moe.log_every)
+    runtime = OffloadRuntime(banks, cache, split, backend, bandwidths, moe.log_every,
+                             moe.cpu_activations)
     if moe.preload:
         hot = uniform_hot_set(num_layers, config.num_experts, slots)
         cache.preload(torch.from_numpy(hot))
+    if floor is not None:
+        runtime.watcher = memory_watcher(runtime, floor, device)
     for stand_in in stand_ins:
         stand_in.runtime = runtime
     model.moe_runtime = runtime
-    logger.info("moe backend %s: %d of %d experts cached on %s (%.1f MiB), banks %.1f MiB %s%s",
+    logger.info("moe backend %s: %d of %d experts cached on %s (%.1f MiB), banks %.1f MiB %s%s, "
+                "cpu activations %s",
                 backend, slots, banks.num_ids, device, slots * slot / 2**20,
                 banks.nbytes / 2**20,
                 moe.expert_format if banks.view is not None else str(bdtype).removeprefix("torch."),
-                " pinned" if banks.pinned else "")
+                " pinned" if banks.pinned else "", moe.cpu_activations)
+    if floor is not None:
+        logger.info("memory watcher: keeps %.1f MiB free on %s (expert cache shrinks below it)",
+                    floor / 2**20, device)
     return model

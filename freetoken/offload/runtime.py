@@ -68,14 +68,17 @@ class OffloadRuntime:
         backend: backend name reported in stats.
         bandwidths: profiled ``(B_P, B_H)`` in GB/s, or None.
         log_every: log a one-line summary every this many steps (0 = never).
+        cpu_activations: the CPU branch's kernel activations, ``"fp32"`` or ``"q8"`` (4-bit
+            banks; see ``MoeConfig.cpu_activations``).
     """
 
     def __init__(self, banks: ExpertBanks, cache: ExpertCache, split: MissSplit, backend: str,
-                 bandwidths: tuple[float, float] | None = None, log_every: int = 0) -> None:
+                 bandwidths: tuple[float, float] | None = None, log_every: int = 0,
+                 cpu_activations: str = "fp32") -> None:
         self.banks, self.cache, self.split, self.backend = banks, cache, split, backend
         self.bandwidths = bandwidths
         self.log_every = log_every
-        self.cpu = CpuBranch(banks)
+        self.cpu = CpuBranch(banks, cpu_activations)
         self._timer = _BranchTimer(cache.device)
         n = banks.num_layers
         self._counts = {name: np.zeros(n, np.int64) for name in _COUNTERS}

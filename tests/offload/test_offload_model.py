@@ -132,3 +132,28 @@ def test_4bit_banks_generate_the_dequantised_resident_tokens(tiny_checkpoint, fm
     assert outputs == {"offload": expected, "cpu": expected, "hybrid": expected}
     with pytest.raises(ValueError, match="--moe-expert-format q4g needs host expert banks"):
         MoeConfig(backend="resident", expert_format="q4g")
+
+
+def test_memory_floor_watcher_shrinks_and_regrows_mid_generation(tiny_checkpoint, resident_tokens):
+    """``--moe-memory-floor`` builds a watcher on the device's real free-memory probe; with the
+    probe scripted to run short of the floor and recover, the cache shrinks to one slot and grows
+    back mid-generation, and the 64 tokens stay the resident ones."""
+    model = load_model(tiny_checkpoint("qwen3_next"), device=DEVICE,
+                       moe=MoeConfig(backend="hybrid", cache="0.5", memory_floor="64MiB"))
+    runtime = model.moe_runtime
+    watcher = runtime.watcher
+    assert watcher is not None and watcher.floor == 64 * 2**20
+    assert watcher.probe() > 0  # the real probe (MemAvailable on cpu, mem_get_info on cuda)
+    requested = runtime.requested_slots
+    assert runtime.stats().memory_floor_bytes == 64 * 2**20
+    short, plenty = watcher.floor - 10**12, watcher.floor + 10**12
+    frees = iter([plenty] * 10 + [short] * 20 + [plenty] * 100)
+    watcher.probe = lambda: next(frees)
+    watcher.check_every = 1
+    sizes = []
+    assert greedy(model, on_step=lambda i, rt: sizes.append(rt.cache.num_slots)) == \
+        resident_tokens("qwen3_next")
+    assert sizes[10] == requested and sizes[11] == sizes[30] == 1 and sizes[31] == requested
+    assert sizes[-1] == requested
+    assert (watcher.shrinks, watcher.grows) == (1, 1)
+    runtime.cache.check_invariants()

@@ -91,6 +91,13 @@ def test_unloadable_model_is_one_error_line(tiny_checkpoint, capsys):
     (["--device", "meta"], "--device must be cpu or cuda[:i], got 'meta'"),
     (["--moe-backend", "resident", "--moe-expert-format", "q4g"],
      "--moe-expert-format q4g needs host expert banks: use --moe-backend offload, cpu or hybrid"),
+    (["--moe-backend", "cpu", "--moe-memory-floor", "lots"],
+     "invalid --moe-memory-floor 'lots': invalid size 'lots': expected a number with an optional "
+     "unit (B, KB, MB, GB, TB, KiB, MiB, GiB, TiB), e.g. 2GiB"),
+    (["--moe-backend", "cpu", "--moe-memory-floor", "0"],
+     "invalid --moe-memory-floor '0': invalid size '0': must be at least 1 byte"),
+    (["--moe-backend", "resident", "--moe-memory-floor", "1GiB"],
+     "--moe-memory-floor needs an expert cache: use --moe-backend offload, cpu or hybrid"),
 ])
 def test_bad_device_is_refused_before_loading(fake_checkpoint, capsys, flags, message):
     args = build_parser().parse_args(["serve", "--model", str(fake_checkpoint), "--port", "0",

@@ -50,6 +50,15 @@ VecLayout vec_layout_for(Isa isa, WeightFormat format);
 // dst[0:k] = src[0:k] permuted into `layout` (dst != src). Portable code.
 void pack_vector(VecLayout layout, const float* src, float* dst, int64_t k);
 
+// One activation vector quantised to int8 per 32-column block ("q8", see freetoken/q8.h): the
+// block's values q (in the variant's Q8Layout), its fp32 scale d (value = q * d) and the sum of its
+// q, the last two in the layout's slot order (q8_scale_slots(k) entries, unused slots zero).
+struct Q8Vec {
+  const int8_t* q = nullptr;
+  const float* d = nullptr;
+  const int32_t* sums = nullptr;
+};
+
 // Arguments of the one ISA-specific primitive: dot products of weight rows with fp32 vectors.
 //   out[i * out_stride + (r - row_begin)] = sum_k W[r, k] * vecs[i][k]
 // for rows r in [row_begin, row_end) and vectors i in [0, num_vecs), where W is the [rows, k]
@@ -68,6 +77,7 @@ struct RowsDotArgs {
   int64_t row_begin = 0;
   int64_t row_end = 0;
   const float* const* vecs = nullptr;  // num_vecs pointers to k fp32 values each (VecLayout)
+  const Q8Vec* qvecs = nullptr;        // q8 primitives (rows_dot_q8_for) only: num_vecs vectors
   int64_t num_vecs = 0;
   float* out = nullptr;
   int64_t out_stride = 0;
@@ -83,8 +93,18 @@ void rows_dot_f32_avx2(const RowsDotArgs& a);
 void rows_dot_q4_avx2(const RowsDotArgs& a);     // kMxfp4 and kQ4g
 void rows_dot_bf16_avx512(const RowsDotArgs& a);
 
+// q8 activations (4-bit formats only; freetoken/q8.h): per 32-column block b of a row, the exact
+// int32 sum of w_int * q over the block, then out += (float)isum * (d_b * w_scale), where the
+// weight is w_int * w_scale (mxfp4: 2 * e2m1 and 2^(s - 128); q4g: c - z and the fp16 scale).
+void rows_dot_q8_scalar(const RowsDotArgs& a);   // kMxfp4 and kQ4g, Q8Layout::kNatural
+void rows_dot_q8_avx2(const RowsDotArgs& a);     // kMxfp4 and kQ4g, Q8Layout::kPair64
+
 // The implementation of `isa` for `format`. The avx512_bf16 variant has its own code for bf16
 // weights only; for fp32 and 4-bit weights it runs the AVX2 code (a subset of its ISA).
 RowsDotFn rows_dot_for(Isa isa, WeightFormat format);
+
+// The q8 implementation of `isa` for a 4-bit `format` (reads RowsDotArgs::qvecs, not vecs); the
+// avx512_bf16 variant runs the AVX2 code. Throws std::invalid_argument for a dense format.
+RowsDotFn rows_dot_q8_for(Isa isa, WeightFormat format);
 
 }  // namespace freetoken

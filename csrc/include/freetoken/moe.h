@@ -44,12 +44,17 @@ struct MoeProblem {
   std::vector<float> weights;         // [P] gate weights
   float* out = nullptr;               // [T, H] fp32, fully overwritten
   Isa isa = Isa::kScalar;
+  // Int8 activations (freetoken/q8.h): x and silu(g) * u are quantised per 32-column block and
+  // each block's dot product with the 4-bit weights is an exact integer sum. Both banks must be
+  // mxfp4 or q4g (moe_forward throws std::invalid_argument otherwise). false: fp32 activations.
+  bool act_q8 = false;
 };
 
 // Checks ids against T and N; throws std::invalid_argument with the offending position.
 void validate_routing(const MoeProblem& p);
 
 // Computes p.out on the pool; blocks until done. Results do not depend on the thread count.
+// Throws std::invalid_argument for act_q8 with a dense bank.
 void moe_forward(const MoeProblem& p, ThreadPool& pool);
 
 // What submit() hands back: `done` becomes ready (or holds the exception) when the problem's out

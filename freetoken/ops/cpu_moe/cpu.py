@@ -9,6 +9,13 @@ released, return ``out [T, H]`` fp32, re-raise a kernel error), ``done()`` (neve
 ``seconds()``: wall seconds the job ran on the kernel's pool, measured in C++ with
 ``std::chrono::steady_clock`` from the start of its compute to its end (queueing behind earlier
 submissions not included); ``-1.0`` until ``done()``.
+
+``activations`` (every entry point): ``"fp32"`` (default) multiplies the weights with fp32
+activations, exactly up to fp32 summation order; ``"q8"`` (mxfp4 and q4g banks only) quantises
+the activations entering each matrix (``x``, then ``silu(g) * u``) to int8 per block of 32 columns
+and sums each block's products exactly in integers: faster, within
+:data:`freetoken.ops.cpu_moe.Q8_TOLERANCE` of the fp32 result (reference:
+:func:`freetoken.ops.cpu_moe.reference_q8.cpu_moe_reference_q8`).
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ def submit(
     down: torch.Tensor,
     *,
     isa: str | None = None,
+    activations: str = "fp32",
 ) -> CpuMoeHandle:
     """Queue the SwiGLU expert MLP on the kernel's thread pool and return at once.
 
@@ -50,6 +58,8 @@ def submit(
         down: ``[N, H, I]`` host bank of the same dtype as ``gate_up``.
         isa: ``"scalar"``, ``"avx2"`` or ``"avx512_bf16"``; ``None`` reads ``FREETOKEN_CPU_MOE_ISA``,
             else the best variant this CPU supports (:func:`supported_isas`).
+        activations: ``"fp32"``; ``"q8"`` needs 4-bit banks (:func:`submit_banks`), so it is
+            always refused here (ValueError).
 
     Returns:
         A handle whose ``wait()`` returns ``[T, H]`` fp32 gate-weighted partial sums, whose
@@ -59,9 +69,12 @@ def submit(
     Raises:
         TypeError: an argument is not a torch.Tensor or has the wrong dtype.
         ValueError: wrong device, rank, shape agreement or contiguity; ``gate_up`` and ``down``
-            of different dtypes; an id out of range; an unknown or unsupported ``isa``.
+            of different dtypes; an id out of range; an unknown or unsupported ``isa``; an unknown
+            ``activations`` (``unknown activations 'x'; expected one of: fp32, q8``) or ``"q8"``
+            (``activations='q8' needs 4-bit expert banks (mxfp4 or q4g), got bf16``).
     """
-    return _ext.submit(x, token_ids, expert_ids, weights, gate_up, down, isa=isa)
+    return _ext.submit(x, token_ids, expert_ids, weights, gate_up, down, isa=isa,
+                       activations=activations)
 
 
 def submit_banks(
@@ -72,23 +85,27 @@ def submit_banks(
     banks: ExpertBankView,
     *,
     isa: str | None = None,
+    activations: str = "fp32",
 ) -> CpuMoeHandle:
     """:func:`submit` for banks in any weight format (bf16, fp32, mxfp4, q4g).
 
     4-bit weights are decoded inside the kernel, a 32-column block at a time (no dequantised copy
     of a matrix). Arguments other than ``banks`` and the result are as in :func:`submit`; the
-    handle keeps every bank tensor alive until the work is done.
+    handle keeps every bank tensor alive until the work is done. ``activations="q8"`` (mxfp4 and
+    q4g only; see the module doc) quantises the activations to int8 blocks of 32 columns.
 
     Raises:
         TypeError: a non-tensor, or a bank tensor of the wrong dtype for ``banks.format``.
         ValueError: as :func:`submit`, plus bank tensors of the wrong rank, layout or device, or
             scale / zero-point shapes that do not match the codes (messages name the tensor,
-            e.g. ``down_scales``).
+            e.g. ``down_scales``); ``activations`` other than ``"fp32"`` / ``"q8"``, or ``"q8"``
+            with bf16 / fp32 banks (``activations='q8' needs 4-bit expert banks (mxfp4 or q4g),
+            got fp32``).
     """
     if not isinstance(banks, ExpertBankView):
         raise TypeError(f"banks must be an ExpertBankView, got {type(banks).__name__}")
     return _ext.submit_banks(x, token_ids, expert_ids, weights, banks.format, banks.gate_up,
-                             banks.down, isa=isa)
+                             banks.down, isa=isa, activations=activations)
 
 
 def cpu_moe_banks(
@@ -99,9 +116,11 @@ def cpu_moe_banks(
     banks: ExpertBankView,
     *,
     isa: str | None = None,
+    activations: str = "fp32",
 ) -> torch.Tensor:
     """``submit_banks(...).wait()``: the blocking form; same arguments, result and errors."""
-    return submit_banks(x, token_ids, expert_ids, weights, banks, isa=isa).wait()
+    return submit_banks(x, token_ids, expert_ids, weights, banks, isa=isa,
+                        activations=activations).wait()
 
 
 def cpu_moe(
@@ -113,9 +132,27 @@ def cpu_moe(
     down: torch.Tensor,
     *,
     isa: str | None = None,
+    activations: str = "fp32",
 ) -> torch.Tensor:
     """``submit(...).wait()``: the blocking form; same arguments, result and errors."""
-    return submit(x, token_ids, expert_ids, weights, gate_up, down, isa=isa).wait()
+    return submit(x, token_ids, expert_ids, weights, gate_up, down, isa=isa,
+                  activations=activations).wait()
+
+
+def quantize_q8(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernel's own q8 block quantiser (csrc ``quantize_q8``, column order), for tests.
+
+    Args:
+        v: ``[R, C]`` fp32 contiguous CPU tensor, C a multiple of 32.
+
+    Returns:
+        ``(q [R, C] int8, d [R, C / 32] fp32)``, bit-equal to
+        :func:`freetoken.ops.cpu_moe.reference_q8.quantize_q8_blocks`.
+
+    Raises:
+        TypeError: not a tensor, or not float32. ValueError: wrong rank, device, layout or C.
+    """
+    return _ext.quantize_q8(v)
 
 
 def supported_isas() -> tuple[str, ...]:
