@@ -113,13 +113,16 @@ def _add_moe_options(p: argparse.ArgumentParser) -> None:
                    help="host expert banks: dense (default; bf16 or fp32 as stored), or 4-bit mxfp4 / "
                         "q4g, quantised at load (H and I must be multiples of 32)")
     g.add_argument("--moe-cpu-activations", choices=CPU_ACTIVATIONS, default="fp32",
-                   help="activations of the CPU expert kernel: fp32 (default, exact) or q8 (int8 "
-                        "per block of 32, faster; needs --moe-expert-format mxfp4 or q4g)")
+                   help="activations of the CPU expert kernel (the cpu and hybrid backends): fp32 "
+                        "(default, exact) or q8 (int8 per block of 32, faster, ~1e-2 relative "
+                        "error per MoE layer; needs --moe-expert-format mxfp4 or q4g)")
     g.add_argument("--moe-memory-floor", default=None, metavar="SIZE",
-                   help="keep SIZE (e.g. 2GiB) of device memory free: the expert cache shrinks at a "
-                        "step boundary when free memory drops below it and regrows toward its "
-                        "requested size when memory returns (CUDA: driver free memory; CPU "
-                        "device: MemAvailable); default: no watcher")
+                   help="keep SIZE (with a unit, e.g. 2GiB) of device memory free: every 16 engine "
+                        "steps the expert cache shrinks when free memory is below SIZE and regrows "
+                        "toward its requested size (load or `ctl memory`) when free memory exceeds "
+                        "SIZE plus one slot plus 10%% of SIZE; the floor wins over a manual resize "
+                        "(CUDA: driver free memory; CPU device: MemAvailable; offload, cpu or "
+                        "hybrid backends). Default: no watcher")
     g.add_argument("--moe-policy", choices=POLICIES, default="lru",
                    help="expert cache eviction policy (default lru)")
     g.add_argument("--moe-profile", type=Path, default=None, metavar="FILE",

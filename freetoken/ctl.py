@@ -15,6 +15,8 @@ import argparse
 import os
 import sys
 
+from freetoken.units import format_bytes
+
 DEFAULT_URL = "http://127.0.0.1:8000"
 TIMEOUT_S = 600.0  # a resize copies experts into the cache: allow minutes
 CONNECT_TIMEOUT_S = 5.0
@@ -31,18 +33,6 @@ def server_url(flag: str | None) -> str:
     url = (flag or os.environ.get("FREETOKEN_URL") or DEFAULT_URL).strip().rstrip("/")
     url = url.removesuffix("/v1").rstrip("/")
     return url if "://" in url else f"http://{url}"
-
-
-def format_bytes(num_bytes: int) -> str:
-    """``num_bytes`` in binary units with two decimals (``1.50 GiB``); below 1 KiB in bytes."""
-    if num_bytes < 1024:
-        return f"{num_bytes} B"
-    value = float(num_bytes)
-    for unit in ("KiB", "MiB", "GiB", "TiB"):
-        value /= 1024
-        if value < 1024 or unit == "TiB":
-            break
-    return f"{value:.2f} {unit}"
 
 
 def _error_message(response) -> str:
@@ -89,8 +79,14 @@ def describe_memory(body: dict) -> list[str]:
         f"{format_bytes(cache['bytes'])} (of {cache['total_experts']} experts)",
         f"host banks: {format_bytes(cache['bank_bytes'])} ({pinned})",
     ]
+    if cache.get("expert_format") is not None:
+        lines.append(f"expert format: {cache['expert_format']}, CPU kernel activations "
+                     f"{cache.get('cpu_activations', 'fp32')}")
     if cache["pending_resize_bytes"] is not None:
         lines.append(f"pending resize: {format_bytes(cache['pending_resize_bytes'])}")
+    if cache.get("memory_floor_bytes") is not None:
+        lines.append(f"memory floor: {format_bytes(cache['memory_floor_bytes'])} kept free (the "
+                     "cache shrinks when free memory drops below it)")
     return lines
 
 
@@ -102,8 +98,12 @@ def describe_resize(body: dict) -> str:
     """
     c = body["expert_cache"]
     old_bytes = c["old_slots"] * c["slot_bytes"]
-    return (f"expert cache: {c['old_slots']} -> {c['slots']} slots ({format_bytes(old_bytes)} -> "
+    line = (f"expert cache: {c['old_slots']} -> {c['slots']} slots ({format_bytes(old_bytes)} -> "
             f"{format_bytes(c['bytes'])}), kept {c['kept']} experts")
+    if c.get("memory_floor_bytes") is not None:
+        line += (f"\nnote: a memory floor of {format_bytes(c['memory_floor_bytes'])} is set: the "
+                 "watcher shrinks the cache again when free memory is below it at its next check")
+    return line
 
 
 def _json(response) -> dict:

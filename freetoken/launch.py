@@ -111,6 +111,9 @@ def check_moe_flags(args: argparse.Namespace):
                     log_every=args.moe_log_every, expert_format=args.moe_expert_format,
                     cpu_activations=args.moe_cpu_activations,
                     memory_floor=args.moe_memory_floor)
+    if args.moe_backend == "offload" and args.moe_cpu_activations != "fp32":
+        _say(f"note: --moe-cpu-activations {args.moe_cpu_activations} has no effect: --moe-backend "
+             "offload fills every miss into the cache, so the CPU expert kernel never runs")
     if args.moe_backend == "resident" or (args.moe_backend == "auto" and device.type == "cpu"):
         for flag, value in (("--moe-cache-slots", args.moe_cache_slots),
                             ("--moe-expert-format", None if args.moe_expert_format == "dense"

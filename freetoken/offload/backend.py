@@ -56,8 +56,8 @@ class MoeConfig:
             ``fp32`` (exact up to fp32 summation order) or ``q8`` (int8 per 32-column block,
             exact integer block sums; faster, within ``freetoken.ops.cpu_moe.Q8_TOLERANCE`` of
             fp32 per MoE layer). ``q8`` needs ``expert_format`` ``mxfp4`` or ``q4g``.
-        memory_floor: free device memory to keep, as a size (``"2GiB"``; a bare number is
-            bytes), or None (no watcher). With a floor, a memory watcher
+        memory_floor: free device memory to keep, as a size with a unit (``"2GiB"``), or None
+            (no watcher). With a floor, a memory watcher
             (``freetoken.offload.watcher``) shrinks the expert cache when free memory drops below
             it and regrows it toward the requested size when memory returns.
 
@@ -101,6 +101,9 @@ class MoeConfig:
         if self.cpu_activations not in CPU_ACTIVATIONS:
             raise ValueError(f"unknown --moe-cpu-activations {self.cpu_activations!r}; choose one "
                              f"of {', '.join(CPU_ACTIVATIONS)}")
+        if self.cpu_activations == "q8" and self.backend == "resident":
+            raise ValueError("--moe-cpu-activations q8 needs 4-bit host expert banks: use "
+                             "--moe-backend cpu or hybrid with --moe-expert-format mxfp4 or q4g")
         if self.cpu_activations == "q8" and self.expert_format not in ("mxfp4", "q4g"):
             raise ValueError(f"--moe-cpu-activations q8 needs 4-bit host expert banks: use "
                              f"--moe-expert-format mxfp4 or q4g (got {self.expert_format})")
@@ -121,9 +124,10 @@ class MoeConfig:
         if self.memory_floor is None:
             return None
         try:
-            return parse_bytes(str(self.memory_floor))
+            return parse_bytes(str(self.memory_floor), require_unit=True)
         except ValueError as exc:
-            raise ValueError(f"invalid --moe-memory-floor {self.memory_floor!r}: {exc}") from None
+            reason = str(exc).split(": ", 1)[-1]  # drop parse_bytes' own "invalid size '…'" head
+            raise ValueError(f"invalid --moe-memory-floor {self.memory_floor!r}: {reason}") from None
 
 
 def parse_cache_spec(spec: str) -> tuple[str, float]:

@@ -68,6 +68,8 @@ class MoeStats:
         memory_floor_bytes: free device bytes the memory watcher keeps, or None without one.
         watcher_shrinks: cache shrinks done by the memory watcher.
         watcher_grows: cache regrows done by the memory watcher.
+        expert_format: host bank format, ``dense`` or the 4-bit ``mxfp4`` / ``q4g``.
+        cpu_activations: the CPU expert kernel's activations, ``fp32`` or ``q8``.
     """
 
     backend: str
@@ -86,6 +88,8 @@ class MoeStats:
     memory_floor_bytes: int | None = None
     watcher_shrinks: int = 0
     watcher_grows: int = 0
+    expert_format: str = "dense"
+    cpu_activations: str = "fp32"
 
     @property
     def cache_bytes(self) -> int:

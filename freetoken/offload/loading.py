@@ -30,7 +30,8 @@ from freetoken.offload.policies import uniform_hot_set
 from freetoken.offload.runtime import OffloadRuntime
 from freetoken.offload.scores import make_scores
 from freetoken.offload.split import MissSplit
-from freetoken.offload.watcher import MemoryWatcher, free_memory_probe
+from freetoken.offload.watcher import MemoryWatcher, free_memory_probe, total_memory
+from freetoken.units import format_bytes
 
 logger = logging.getLogger("freetoken.offload")
 DEFAULT_RATIO = 0.5  # B_P / B_H without a profile
@@ -110,6 +111,11 @@ def memory_watcher(runtime: OffloadRuntime, floor: int, device: torch.device) ->
     probe = free_memory_probe(device)
     if probe is None:
         raise ValueError(f"--moe-memory-floor: cannot read free memory on {device}")
+    total = total_memory(device)
+    if total is not None and floor >= total:
+        logger.warning("--moe-memory-floor %s is not below the %s of memory on %s: the expert "
+                       "cache will stay at its minimum of 1 slot", format_bytes(floor),
+                       format_bytes(total), device)
     release = torch.cuda.empty_cache if device.type == "cuda" else None
     return MemoryWatcher(runtime, floor, probe, release=release)
 
@@ -175,6 +181,7 @@ def build_offloaded(model_cls: type[DecoderLM], config: ModelConfig, checkpoint:
                 moe.expert_format if banks.view is not None else str(bdtype).removeprefix("torch."),
                 " pinned" if banks.pinned else "", moe.cpu_activations)
     if floor is not None:
-        logger.info("memory watcher: keeps %.1f MiB free on %s (expert cache shrinks below it)",
-                    floor / 2**20, device)
+        logger.info("memory watcher: keeps %s free on %s (checked every %d steps; the expert "
+                    "cache shrinks below the floor and regrows above it)", format_bytes(floor),
+                    device, runtime.watcher.check_every)
     return model

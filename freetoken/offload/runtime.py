@@ -218,4 +218,5 @@ class OffloadRuntime:
             memory_floor_bytes=self.watcher.floor if self.watcher else None,
             watcher_shrinks=self.watcher.shrinks if self.watcher else 0,
             watcher_grows=self.watcher.grows if self.watcher else 0,
+            expert_format=self.banks.format, cpu_activations=self.cpu.activations,
         )

@@ -20,7 +20,8 @@ blocks are then returned to the driver (``torch.cuda.empty_cache``), or ``mem_ge
 reporting the memory as used. Outputs stay exact across a resize (every slot holds bank values).
 
 Free memory (:func:`free_memory_probe`): ``torch.cuda.mem_get_info`` on CUDA; on a CPU "device"
-the expert cache is host memory, so ``MemAvailable`` of ``/proc/meminfo``.
+the expert cache is host memory, so ``MemAvailable`` of ``/proc/meminfo``. The watcher reads it
+only at step boundaries, so an idle server does not react until its next request.
 """
 
 from __future__ import annotations
@@ -32,23 +33,39 @@ from pathlib import Path
 import torch
 
 from freetoken.offload.control import ResizeResult
+from freetoken.units import format_bytes
 
 logger = logging.getLogger("freetoken.offload")
 DEFAULT_CHECK_EVERY = 16  # steps between two reads of free memory
 MEMINFO = Path("/proc/meminfo")
 
 
-def _mem_available(path: Path = MEMINFO) -> int:
-    """``MemAvailable`` of ``/proc/meminfo`` in bytes.
+def _meminfo(field: str, path: Path = MEMINFO) -> int:
+    """``field`` (``MemAvailable``, ``MemTotal``) of ``/proc/meminfo`` in bytes.
 
     Raises:
-        OSError: the file cannot be read; ValueError: it has no ``MemAvailable`` line.
+        OSError: the file cannot be read; ValueError: it has no such line.
     """
     for line in path.read_text(encoding="ascii").splitlines():
-        if line.startswith("MemAvailable:"):
+        if line.startswith(field + ":"):
             parts = line.split()
             return int(parts[1]) * (1024 if parts[2:3] == ["kB"] else 1)
-    raise ValueError(f"{path} has no MemAvailable line")
+    raise ValueError(f"{path} has no {field} line")
+
+
+def _mem_available(path: Path = MEMINFO) -> int:
+    """``MemAvailable`` of ``/proc/meminfo`` in bytes (see :func:`_meminfo`)."""
+    return _meminfo("MemAvailable", path)
+
+
+def total_memory(device: torch.device | str) -> int | None:
+    """Total bytes of ``device``'s memory (CUDA: ``mem_get_info``; CPU: ``MemTotal``), or None."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[1])
+    if device.type == "cpu" and MEMINFO.is_file():
+        return _meminfo("MemTotal")
+    return None
 
 
 def free_memory_probe(device: torch.device | str) -> Callable[[], int] | None:
@@ -143,7 +160,8 @@ class MemoryWatcher:
         else:
             self.grows += 1
             what = "back above"
-        logger.warning("free device memory %.1f MiB %s the %.1f MiB floor: expert cache %d -> %d "
-                       "slots (%.1f MiB), kept %d experts", free / 2**20, what, self.floor / 2**20,
-                       result.old_slots, result.new_slots, result.cache_bytes / 2**20, result.kept)
+        logger.warning("free device memory %s %s the %s floor: expert cache %d -> %d slots (%s), "
+                       "kept %d experts", format_bytes(max(free, 0)), what,
+                       format_bytes(self.floor), result.old_slots, result.new_slots,
+                       format_bytes(result.cache_bytes), result.kept)
         return result

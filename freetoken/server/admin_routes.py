@@ -83,15 +83,20 @@ def memory_body(stats: MoeStats) -> dict:
             "banks_pinned": stats.banks_pinned,
             "pending_resize_bytes": stats.pending_resize_bytes,
             "memory_floor_bytes": stats.memory_floor_bytes,
+            "expert_format": stats.expert_format,
+            "cpu_activations": stats.cpu_activations,
         },
     }
 
 
-def resize_body(result: ResizeResult) -> dict:
-    """The ``POST /v1/freetoken/memory`` answer for an applied resize."""
-    return {FIELD: {"old_slots": result.old_slots, "slots": result.new_slots,
-                    "slot_bytes": result.slot_bytes, "bytes": result.cache_bytes,
-                    "kept": result.kept}}
+def resize_body(result: ResizeResult, memory_floor_bytes: int | None = None) -> dict:
+    """The ``POST /v1/freetoken/memory`` answer for an applied resize; with a memory watcher,
+    its floor (the watcher may shrink the cache again at its next check)."""
+    body = {"old_slots": result.old_slots, "slots": result.new_slots,
+            "slot_bytes": result.slot_bytes, "bytes": result.cache_bytes, "kept": result.kept}
+    if memory_floor_bytes is not None:
+        body["memory_floor_bytes"] = memory_floor_bytes
+    return {FIELD: body}
 
 
 def admin_router(ctx: ServerContext) -> APIRouter:
@@ -137,9 +142,10 @@ def admin_router(ctx: ServerContext) -> APIRouter:
         if moe is None:
             raise APIError(409, NO_RUNTIME)
         try:
-            result = await between_steps(lambda: moe.resize_now(num_bytes))
+            result, floor = await between_steps(
+                lambda: (moe.resize_now(num_bytes), moe.stats().memory_floor_bytes))
         except ValueError as exc:
             raise bad_request(f"{FIELD}: {exc}", param=FIELD) from None
-        return JSONResponse(resize_body(result))
+        return JSONResponse(resize_body(result, floor))
 
     return router

@@ -109,7 +109,8 @@ def _layer_samples(layers: tuple[LayerStats, ...], attr: str) -> list[Sample]:
 
 
 def _moe_lines(stats: MoeStats) -> list[str]:
-    info = {"backend": stats.backend, "policy": stats.policy, "device": stats.device}
+    info = {"backend": stats.backend, "policy": stats.policy, "device": stats.device,
+            "expert_format": stats.expert_format, "cpu_activations": stats.cpu_activations}
     bandwidth = [({"link": link}, gbps) for link, gbps in
                  (("p", stats.bandwidth_p_gbps), ("h", stats.bandwidth_h_gbps)) if gbps is not None]
     pending = [] if stats.pending_resize_bytes is None else [({}, stats.pending_resize_bytes)]

@@ -169,3 +169,21 @@ def test_meminfo_probe(tmp_path: Path):
     if DEVICE.type == "cpu" and Path("/proc/meminfo").is_file():
         assert probe is not None and probe() > 0
     assert free_memory_probe("meta") is None
+
+
+def test_a_floor_above_the_device_memory_is_logged_at_load(caplog):
+    from freetoken.offload.loading import memory_watcher
+    from freetoken.offload.watcher import total_memory
+
+    _banks, runtime, _slot = setup()
+    total = total_memory(DEVICE)
+    assert total is not None and total > 2**20
+    with caplog.at_level("WARNING", logger="freetoken.offload"):
+        watcher = memory_watcher(runtime, total + 1, DEVICE)
+    assert watcher.floor == total + 1
+    assert "is not below the" in caplog.text and "the expert cache will stay at its minimum" \
+        in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="freetoken.offload"):
+        memory_watcher(runtime, 2**20, DEVICE)
+    assert caplog.text == ""

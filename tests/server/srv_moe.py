@@ -26,6 +26,9 @@ class FakeMoe:
         self.resizes: list[int] = []
         self.threads: list[str] = []
         self.fail_resize: Exception | None = None
+        self.floor: int | None = None
+        self.expert_format = "dense"
+        self.cpu_activations = "fp32"
 
     def stats(self) -> MoeStats:
         self.threads.append(threading.current_thread().name)
@@ -34,7 +37,8 @@ class FakeMoe:
             slot_bytes=self.slot_bytes, total_experts=self.total_experts,
             bank_bytes=self.total_experts * self.slot_bytes, banks_pinned=True, split_ratio=0.75,
             bandwidth_p_gbps=25.0, bandwidth_h_gbps=None, pending_resize_bytes=self.pending,
-            layers=self.layers,
+            layers=self.layers, memory_floor_bytes=self.floor, expert_format=self.expert_format,
+            cpu_activations=self.cpu_activations,
         )
 
     def resize_expert_cache(self, num_bytes: int) -> None:

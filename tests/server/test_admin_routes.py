@@ -36,7 +36,8 @@ def test_get_reports_the_cache_from_between_steps(srv) -> None:
         "expert_cache": {"slots": 96, "slot_bytes": 16 * MIB, "bytes": 96 * 16 * MIB,
                          "total_experts": 4096, "bank_bytes": 4096 * 16 * MIB,
                          "banks_pinned": True, "pending_resize_bytes": 2 * 2**30,
-                         "memory_floor_bytes": None},
+                         "memory_floor_bytes": None, "expert_format": "dense",
+                         "cpu_activations": "fp32"},
     })
     assert srv.engine.between_steps_calls == 1
 

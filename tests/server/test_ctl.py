@@ -49,7 +49,24 @@ def test_memory_shows_the_cache(srv, capsys) -> None:
         "backend: hybrid (policy lru, device cuda:0)\n"
         "expert cache: 96 slots x 16.00 MiB = 1.50 GiB (of 4096 experts)\n"
         "host banks: 64.00 GiB (pinned)\n"
+        "expert format: dense, CPU kernel activations fp32\n"
         "pending resize: 2.00 GiB\n"), "")
+
+
+def test_memory_shows_the_floor_and_warns_that_it_wins_over_a_resize(srv, capsys) -> None:
+    srv.engine.moe = moe = FakeMoe(slots=96)
+    moe.floor, moe.expert_format, moe.cpu_activations = 3 * 2**30, "q4g", "q8"
+    assert _ctl(capsys, "memory", "--server", srv.base_url) == (0, (
+        "backend: hybrid (policy lru, device cuda:0)\n"
+        "expert cache: 96 slots x 16.00 MiB = 1.50 GiB (of 4096 experts)\n"
+        "host banks: 64.00 GiB (pinned)\n"
+        "expert format: q4g, CPU kernel activations q8\n"
+        "memory floor: 3.00 GiB kept free (the cache shrinks when free memory drops below it)\n"),
+        "")
+    assert _ctl(capsys, "memory", "--server", srv.base_url, "--expert-cache", "2.5GiB") == (0, (
+        "expert cache: 96 -> 160 slots (1.50 GiB -> 2.50 GiB), kept 96 experts\n"
+        "note: a memory floor of 3.00 GiB is set: the watcher shrinks the cache again when free "
+        "memory is below it at its next check\n"), "")
 
 
 def test_memory_resizes(srv, capsys, monkeypatch) -> None:

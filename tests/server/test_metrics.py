@@ -65,7 +65,7 @@ freetoken_prefix_kv_pages_free 10
 MOE_TEXT = """\
 # HELP freetoken_moe_info Offloaded MoE runtime configuration.
 # TYPE freetoken_moe_info gauge
-freetoken_moe_info{backend="hybrid",policy="lru",device="cuda:0"} 1
+freetoken_moe_info{backend="hybrid",policy="lru",device="cuda:0",expert_format="dense",cpu_activations="fp32"} 1
 # HELP freetoken_moe_cache_slots Expert slots in the device cache.
 # TYPE freetoken_moe_cache_slots gauge
 freetoken_moe_cache_slots 96
@@ -155,7 +155,8 @@ def test_pending_resize_unhealthy_and_label_escaping() -> None:
                          "bandwidth_h_gbps": 12.5})
     lines = render_metrics(EngineCounters(), odd, healthy=False).splitlines()
     assert lines[2] == "freetoken_engine_healthy 0"
-    assert 'freetoken_moe_info{backend="hybrid",policy="lru",device="cu\\"da\\\\0\\n"} 1' in lines
+    assert ('freetoken_moe_info{backend="hybrid",policy="lru",device="cu\\"da\\\\0\\n",'
+            'expert_format="dense",cpu_activations="fp32"} 1') in lines
     assert 'freetoken_moe_bandwidth_gbps{link="h"} 12.5' in lines
     assert not any(line.startswith('freetoken_moe_bandwidth_gbps{link="p"}') for line in lines)
     at = lines.index("# TYPE freetoken_moe_pending_resize_bytes gauge")

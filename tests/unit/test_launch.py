@@ -92,10 +92,16 @@ def test_unloadable_model_is_one_error_line(tiny_checkpoint, capsys):
     (["--moe-backend", "resident", "--moe-expert-format", "q4g"],
      "--moe-expert-format q4g needs host expert banks: use --moe-backend offload, cpu or hybrid"),
     (["--moe-backend", "cpu", "--moe-memory-floor", "lots"],
-     "invalid --moe-memory-floor 'lots': invalid size 'lots': expected a number with an optional "
-     "unit (B, KB, MB, GB, TB, KiB, MiB, GiB, TiB), e.g. 2GiB"),
-    (["--moe-backend", "cpu", "--moe-memory-floor", "0"],
-     "invalid --moe-memory-floor '0': invalid size '0': must be at least 1 byte"),
+     "invalid --moe-memory-floor 'lots': expected a number with an optional unit (B, KB, MB, GB, "
+     "TB, KiB, MiB, GiB, TiB), e.g. 2GiB"),
+    (["--moe-backend", "cpu", "--moe-memory-floor", "0GiB"],
+     "invalid --moe-memory-floor '0GiB': must be at least 1 byte"),
+    (["--moe-backend", "cpu", "--moe-memory-floor", "1.5"],
+     "invalid --moe-memory-floor '1.5': give a unit, e.g. 1.5MiB or 1.5B (a bare number is "
+     "ambiguous)"),
+    (["--moe-backend", "resident", "--moe-cpu-activations", "q8"],
+     "--moe-cpu-activations q8 needs 4-bit host expert banks: use --moe-backend cpu or hybrid "
+     "with --moe-expert-format mxfp4 or q4g"),
     (["--moe-backend", "resident", "--moe-memory-floor", "1GiB"],
      "--moe-memory-floor needs an expert cache: use --moe-backend offload, cpu or hybrid"),
 ])
@@ -118,3 +124,15 @@ def test_unwritable_routing_record_is_refused_before_loading(fake_checkpoint, tm
 def test_base_url_brackets_ipv6():
     assert base_url("127.0.0.1", 8000) == "http://127.0.0.1:8000"
     assert base_url("::1", 0) == "http://[::1]:0"
+
+
+def test_q8_with_offload_notes_that_it_has_no_effect(capsys):
+    from freetoken.launch import check_moe_flags
+
+    args = build_parser().parse_args(["serve", "--moe-backend", "offload", "--moe-expert-format",
+                                      "q4g", "--moe-cpu-activations", "q8"])
+    moe = check_moe_flags(args)
+    assert (moe.backend, moe.expert_format, moe.cpu_activations) == ("offload", "q4g", "q8")
+    assert capsys.readouterr().out == (
+        "[freetoken] note: --moe-cpu-activations q8 has no effect: --moe-backend offload fills "
+        "every miss into the cache, so the CPU expert kernel never runs\n")
