@@ -4,11 +4,14 @@ Usage (with the project's venv python)::
 
     .venv/bin/python evals/compare.py OUT_A OUT_B ... [--out DIR]
 
-Writes DIR/compare.md (one table: traces source, protocol, turns, failed turns, TTFT
+Writes DIR/compare.md (a table: traces source, protocol, turns, failed turns, TTFT
 mean/p50/max, decode tok/s, reuse ratio, and ratios of mean TTFT and decode tok/s against the
-first run, left blank for a run that is not comparable with it: ``evals/replay/comparison.py``)
-and DIR/compare.png, and prints the table. DIR defaults to the first run's folder. Exit status 2
-when a folder is not a run (or a file), or DIR cannot be an output folder.
+first run, left blank for a run that is not comparable with it, e.g. other request options or a
+warm start against a cold one: ``evals/replay/comparison.py``; a second table: each run's warm
+or cold start and FreeToken MoE backend / expert format / CPU activations; a caveat line when a
+run started warm) and DIR/compare.png (labelled as the table), and prints both tables. DIR
+defaults to the first run's folder. Exit status 2 when a folder is not a run (or a file), or DIR
+cannot be an output folder.
 """
 
 from __future__ import annotations

@@ -8,8 +8,10 @@ Usage (with the project's venv python)::
 Writes OUT/turns.jsonl (a line per finished turn, appended as it finishes), OUT/summary.md,
 OUT/summary.json, OUT/ttft.png, OUT/decode_tps.png and OUT/reuse.png. Exit status: 0 when every
 turn succeeded, 1 when some failed (the files are still written), 2 for bad options, traces,
-output folder or endpoint (checked before any request), 130 on Ctrl-C (the files are written
-from the finished turns, ``"interrupted": true``). What is sent and measured: evals/README.md
+output folder or endpoint (checked before any request), 130 on Ctrl-C and 143 on SIGTERM (both
+the same clean stop: the files are written from the finished turns, ``"interrupted": true``).
+summary.json also records whether the endpoint started warm (``warm_start``), the
+request-shaping options and FreeToken's MoE settings. What is sent and measured: evals/README.md
 ("W1-W4 replay") and the docstrings of ``evals/replay/``.
 """
 
@@ -25,6 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from evals.replay.app import RunOptions, run_workload  # noqa: E402
 from evals.replay.endpoint import EndpointError, api_key_or_env, normalize_endpoint  # noqa: E402
 from evals.replay.report import check_out_dir, fmt  # noqa: E402
+from evals.replay.signals import Interrupts  # noqa: E402
+from evals.replay.warm import WARM_LINE  # noqa: E402
 from evals.replay.workloads import WORKLOADS  # noqa: E402
 from freetoken.cli import int_at_least  # noqa: E402
 
@@ -109,25 +113,30 @@ def main(argv: list[str] | None = None) -> int:
         w1_max_tokens=args.w1_max_tokens, ignore_eos=args.ignore_eos, edits=args.edits,
         select=tuple(args.select), harness_header=args.harness_header, progress=args.progress,
         timeout_s=args.timeout, temperature=args.temperature)
-    try:
-        check_out_dir(out)
-        s = run_workload(opts)
-    except (ValueError, FileNotFoundError) as exc:  # EndpointError is a ValueError
-        print(f"run: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("run: interrupted before the first turn; nothing written", file=sys.stderr)
-        return 130
+    with Interrupts() as intr:
+        try:
+            check_out_dir(out)
+            s = run_workload(opts, intr)
+        except (ValueError, FileNotFoundError) as exc:  # EndpointError is a ValueError
+            print(f"run: {exc}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:
+            print(f"run: interrupted ({intr.cause()}) before the first turn; nothing written",
+                  file=sys.stderr)
+            return intr.exit_status()
     print(f"{s['workload']} {s['label']}: {s['n_turns']} turns ({s['n_failed']} failed), "
           f"TTFT mean {fmt(s['ttft_mean_s'])} s / p50 {fmt(s['ttft_p50_s'])} s / max "
           f"{fmt(s['ttft_max_s'])} s, decode {fmt(s['decode_tps_mean'], 1)} tok/s, reuse "
           f"{fmt(s['reuse_ratio'])}; traces: {s['traces_source']}"
+          f"{'; WARM start' if s['warm_start'] else ''}"
           f"{'; INTERRUPTED' if s['interrupted'] else ''}; wrote {out}")
+    if s["warm_start"]:
+        print(f"run: {WARM_LINE} ({s['warm_start_evidence']})", file=sys.stderr)
     if s["interrupted"]:
-        print(f"run: interrupted after {s['n_turns']} of {s['n_planned']} turns; the finished "
-              f"turns are in {out}/turns.jsonl, summary.json has \"interrupted\": true",
-              file=sys.stderr)
-        return 130
+        print(f"run: interrupted ({s['interrupted_by']}) after {s['n_turns']} of "
+              f"{s['n_planned']} turns; the finished turns are in {out}/turns.jsonl, "
+              "summary.json has \"interrupted\": true", file=sys.stderr)
+        return intr.exit_status()
     return 1 if s["n_failed"] else 0
 
 

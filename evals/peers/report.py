@@ -10,8 +10,9 @@ compare.md`` (``evals/compare.py``) and ``DIR/parity.md``. Writes ``DIR/report.m
 (above 1: llama.cpp decodes faster) and of mean TTFT (above 1: llama.cpp answers later), plus a
 per-turn check that both engines were sent prompts of the same token length. Each row names its
 traces source (real / synthetic); a workload whose two runs are not comparable
-(``evals/replay/comparison.not_comparable``: different traces, protocol or turn count, a failed
-turn, an interruption) gets no ratios and says why.
+(``evals/replay/comparison.not_comparable``: different traces, protocol, turn count, request
+options or planned turns, a failed turn, an interruption, a warm start against a cold one) gets
+no ratios and says why.
 """
 
 from __future__ import annotations

@@ -13,7 +13,9 @@ Modules, one concern each:
   by ``evals/run_swe.py``);
 * :mod:`~evals.replay.client` - the streaming client measuring TTFT and decode tok/s;
 * :mod:`~evals.replay.scrape` - FreeToken ``/metrics`` engine statistics;
+* :mod:`~evals.replay.warm` - did the endpoint start the run warm (and which runs to compare);
 * :mod:`~evals.replay.runner` - dependency-ordered concurrent execution;
+* :mod:`~evals.replay.signals` - SIGTERM taking Ctrl-C's clean path;
 * :mod:`~evals.replay.report` / :mod:`~evals.replay.plots` - outputs (and the ``--out`` check);
 * :mod:`~evals.replay.comparison` - runs side by side, which of them get ratios;
 * :mod:`~evals.replay.app` - one run end to end.

@@ -3,24 +3,34 @@ requests, check the endpoint (``GET /v1/models``), run the turns with a progress
 appending each finished turn to ``turns.jsonl``, write the outputs. ``evals/run.py`` is the command
 line over :func:`run_workload`.
 
-Ctrl-C during the replay stops it cleanly: the outputs are written from the finished turns with
-``"interrupted": true`` in the summary (:func:`run_workload` returns it; the command exits 130).
+Ctrl-C (or SIGTERM, :mod:`evals.replay.signals`) during the replay stops it cleanly: the outputs
+are written from the finished turns with ``"interrupted": true`` in the summary
+(:func:`run_workload` returns it; the command exits 130, or 143 after SIGTERM).
+
+The summary also records what makes two runs comparable: the request-shaping options
+(:func:`request_options`), a digest of the planned turn keys, whether the endpoint started warm
+(:mod:`evals.replay.warm`) and FreeToken's MoE settings (``GET /v1/freetoken/memory``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from evals.replay.endpoint import fetch_model_list, first_model_id, normalize_endpoint
+from evals.replay.endpoint import (
+    fetch_model_list, fetch_server_moe, first_model_id, normalize_endpoint,
+)
 from evals.replay.plots import plot_run
-from evals.replay.report import TurnLog, check_out_dir, summarize, write_outputs
+from evals.replay.report import TurnLog, check_out_dir, summarize, turn_keys_digest, write_outputs
 from evals.replay.runner import RunConfig, replay
+from evals.replay.signals import Interrupts
 from evals.replay.synthetic import write_synthetic_traces
 from evals.replay.turns import RequestOptions, build_request
+from evals.replay.warm import warm_start
 from evals.replay.workloads import DEFAULT_PROTOCOL, build_plan
 from freetoken.paths import shared_dir
 
@@ -112,6 +122,16 @@ def resolve_traces(value: str | None, out: Path) -> tuple[Path, bool]:
     return write_synthetic_traces(out / "synthetic-traces"), True
 
 
+def request_options(opts: RunOptions, concurrency: int, model: str) -> dict:
+    """The options that shape what a run sends (``summary.json`` ``request_options``): two runs
+    whose values differ did not replay the same requests. ``concurrency`` and ``model`` are the
+    resolved values (the model name actually sent)."""
+    return {"select": list(opts.select), "edits": opts.edits, "ignore_eos": opts.ignore_eos,
+            "temperature": opts.temperature, "concurrency": concurrency,
+            "w1_max_tokens": opts.w1_max_tokens, "limit_turns": opts.limit_turns,
+            "harness_header": opts.harness_header, "model": model}
+
+
 def _progress(total: int, title: str):
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -130,14 +150,16 @@ def _progress(total: int, title: str):
     return bar, done
 
 
-def run_workload(opts: RunOptions) -> dict:
+def run_workload(opts: RunOptions, interrupts: Interrupts | None = None) -> dict:
     """Replay ``opts.workload`` against ``opts.endpoint`` and write turns.jsonl, summary.json,
     summary.md, ttft.png, decode_tps.png and reuse.png under ``opts.out``.
 
     Nothing is sent before the output folder, the traces and the endpoint were checked. Each
-    finished turn is appended to ``turns.jsonl`` at once; on Ctrl-C (KeyboardInterrupt) during
-    the replay the outputs are written from the finished turns and the summary has
-    ``"interrupted": true``.
+    finished turn is appended to ``turns.jsonl`` at once; on Ctrl-C (KeyboardInterrupt) or
+    SIGTERM during the replay the outputs are written from the finished turns and the summary
+    has ``"interrupted": true`` and ``interrupted_by`` (``"Ctrl-C"`` / ``"SIGTERM"``).
+    ``interrupts``: an active :class:`~evals.replay.signals.Interrupts` of the caller (the
+    command line's, which picks the exit status); None: one is made for the replay.
 
     Returns:
         The summary (``summary.json``'s object).
@@ -162,6 +184,7 @@ def run_workload(opts: RunOptions) -> dict:
     calls = build_plan(opts.workload, traces, limit=opts.limit_turns, select=opts.select)
     listed = fetch_model_list(endpoint, opts.api_key)
     model = opts.model or first_model_id(listed) or "default"
+    server_moe = fetch_server_moe(endpoint, opts.api_key)
     req_opts = RequestOptions(protocol, model, opts.ignore_eos, opts.edits, opts.w1_max_tokens,
                               opts.temperature)
     requests = [build_request(c, req_opts) for c in calls]
@@ -169,6 +192,7 @@ def run_workload(opts: RunOptions) -> dict:
     cfg = RunConfig(endpoint, protocol, opts.api_key, concurrency, opts.timeout_s,
                     harness_header=opts.harness_header)
     done: list[dict] = []
+    first_scrape: list[dict | None] = [None]
     log = TurnLog(opts.out / "turns.jsonl")
     bar, on_bar = _progress(len(requests), f"{opts.workload} {label}") if opts.progress \
         else (None, None)
@@ -179,26 +203,36 @@ def run_workload(opts: RunOptions) -> dict:
         if on_bar is not None:
             on_bar(record)
 
+    def on_start(scraped: dict | None) -> None:
+        first_scrape[0] = scraped
+
     t0 = time.perf_counter()
     interrupted = False
-    try:
-        if bar is not None:
-            with bar:
-                records, engine = asyncio.run(replay(requests, cfg, on_done))
-        else:
-            records, engine = asyncio.run(replay(requests, cfg, on_done))
-    except KeyboardInterrupt:
-        interrupted = True
-        records, engine = sorted(done, key=lambda r: r["index"]), None
-    finally:
-        log.close()
+    guard = Interrupts() if interrupts is None else contextlib.nullcontext(interrupts)
+    with guard as intr:
+        try:
+            if bar is not None:
+                with bar:
+                    records, engine = asyncio.run(replay(requests, cfg, on_done, on_start))
+            else:
+                records, engine = asyncio.run(replay(requests, cfg, on_done, on_start))
+        except KeyboardInterrupt:
+            interrupted = True
+            records, engine = sorted(done, key=lambda r: r["index"]), None
+        finally:
+            log.close()
     wall = time.perf_counter() - t0
     summary = summarize(records, workload=opts.workload, endpoint=endpoint, label=label,
                         protocol=protocol, model=model,
                         traces="synthetic" if synthetic else str(traces.resolve()),
                         traces_source="synthetic" if synthetic else "real",
                         concurrency=concurrency, wall_s=wall, engine=engine,
-                        n_planned=len(requests), interrupted=interrupted)
+                        n_planned=len(requests), interrupted=interrupted,
+                        interrupted_by=intr.cause() if interrupted else None,
+                        warm=warm_start(first_scrape[0], records),
+                        request_options=request_options(opts, concurrency, model),
+                        turn_keys_sha256=turn_keys_digest([r.call.key for r in requests]),
+                        server_moe=server_moe)
     write_outputs(opts.out, records, summary)
     plot_run(opts.out, records, f"{opts.workload} {label}")
     return summary

@@ -6,6 +6,10 @@ OpenAI API stops the run at once with one clear line (exit 2 in both commands).
 ``GET /v1/models`` is the OpenAI model list (FreeToken, vLLM, llama.cpp's servers and Anthropic's
 API all serve it); FreeToken requires the key there when started with ``--api-key``
 (``freetoken/server/middleware.py``), so a 401 here means every replayed request would fail too.
+
+:func:`fetch_server_moe` reads FreeToken's ``GET /v1/freetoken/memory`` (the MoE backend, eviction
+policy, device and expert cache, ``freetoken/server/admin_routes.py``) so that a run records the
+server settings it measured; other servers answer 404 and the run records none.
 """
 
 from __future__ import annotations
@@ -105,3 +109,20 @@ def first_model_id(body: dict) -> str | None:
         if isinstance(card, dict) and isinstance(card.get("id"), str) and card["id"]:
             return card["id"]
     return None
+
+
+def fetch_server_moe(endpoint: str, api_key: str | None,
+                     timeout_s: float = PROBE_TIMEOUT_S) -> dict | None:
+    """The JSON object of ``GET {endpoint}/v1/freetoken/memory`` (FreeToken's MoE settings:
+    ``backend``, ``policy``, ``device``, ``expert_cache``, ...; stored whole), or None when the
+    endpoint does not answer 200 with a JSON object (not FreeToken, an older FreeToken, a
+    transport error). Never raises for HTTP or transport errors."""
+    hdrs = {"authorization": f"Bearer {api_key}", "x-api-key": api_key} if api_key else {}
+    timeout = httpx.Timeout(timeout_s, connect=PROBE_CONNECT_TIMEOUT_S)
+    try:
+        resp = httpx.get(f"{endpoint}/v1/freetoken/memory", headers=hdrs, timeout=timeout,
+                         trust_env=not is_loopback(endpoint))
+        body = resp.json() if resp.status_code == 200 else None
+    except (httpx.HTTPError, httpx.InvalidURL, ValueError):
+        return None
+    return body if isinstance(body, dict) else None

@@ -69,14 +69,20 @@ def plot_run(out: Path, records: list[dict], title: str) -> list[Path]:
     return paths
 
 
-def plot_compare(path: Path, summaries: list[dict], labels: list[str] | None = None) -> Path:
-    """One PNG with a panel per metric (mean TTFT, mean decode tok/s, reuse ratio), a bar per
-    run labelled ``<label> (<workload>)`` (``labels`` default to the summaries' ``label``);
-    missing values are drawn as 0 and marked ``n/a``."""
+def compare_figure(summaries: list[dict], labels: list[str] | None = None):
+    """The figure of :func:`plot_compare` (the caller saves and closes it): a panel per metric
+    (mean TTFT, mean decode tok/s, reuse ratio), a bar per run labelled exactly as in the
+    comparison table (``labels``: the unique labels of ``comparison.unique_labels``; default: the
+    summaries' ``label``); missing values are drawn as 0 and marked ``n/a``.
+
+    Raises:
+        ValueError: ``labels`` given with another length than ``summaries``.
+    """
     metrics = (("ttft_mean_s", "mean TTFT (s)"), ("decode_tps_mean", "decode tok/s (mean)"),
                ("reuse_ratio", "reuse ratio"))
-    names = labels or [str(s["label"]) for s in summaries]
-    labels = [f"{name} ({s['workload']})" for name, s in zip(names, summaries)]
+    labels = list(labels) if labels is not None else [str(s["label"]) for s in summaries]
+    if len(labels) != len(summaries):
+        raise ValueError(f"{len(labels)} labels for {len(summaries)} runs")
     fig, axes = plt.subplots(1, len(metrics), figsize=(4 * len(metrics), 3.2))
     for ax, (key, title) in zip(axes, metrics):
         values = [s.get(key) for s in summaries]
@@ -89,6 +95,18 @@ def plot_compare(path: Path, summaries: list[dict], labels: list[str] | None = N
         ax.set_xticks(range(len(values)), labels, rotation=20, ha="right", fontsize=8)
         ax.set_title(title)
     fig.subplots_adjust(left=0.06, right=0.98, bottom=0.24, top=0.9, wspace=0.3)
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    return fig
+
+
+def plot_compare(path: Path, summaries: list[dict], labels: list[str] | None = None) -> Path:
+    """Write :func:`compare_figure` to ``path`` (PNG); returns ``path``.
+
+    Raises:
+        ValueError: see :func:`compare_figure`.
+    """
+    fig = compare_figure(summaries, labels)
+    try:
+        fig.savefig(path, dpi=90)
+    finally:
+        plt.close(fig)
     return path

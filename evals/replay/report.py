@@ -13,18 +13,28 @@ gauges at its end (:mod:`evals.replay.scrape`) plus ``expert_hit_rate``, or None
 endpoints (and for an interrupted run, which has no final scrape).
 
 ``traces_source`` is ``"real"`` (a recorded traces folder) or ``"synthetic"`` (the built-in set);
-``interrupted`` is true when the run was stopped (Ctrl-C) before every planned turn finished, and
-then the numbers cover the ``n_turns`` finished turns of ``n_planned``.
+``interrupted`` is true when the run was stopped (Ctrl-C or SIGTERM, named by ``interrupted_by``)
+before every planned turn finished, and then the numbers cover the ``n_turns`` finished turns of
+``n_planned``.
+
+What makes runs comparable (:mod:`evals.replay.comparison`): ``request_options`` (the options that
+shape the requests: ``select``, ``edits``, ``ignore_eos``, ``temperature``, ``concurrency``,
+``w1_max_tokens``, ``limit_turns``, ``harness_header`` and the ``model`` name sent),
+``turn_keys_sha256`` (:func:`turn_keys_digest` of the planned turns' keys, in plan order) and the
+warm-start fields of :func:`evals.replay.warm.warm_start`. ``server_moe`` is FreeToken's
+``GET /v1/freetoken/memory`` answer at the start of the run (None for other servers).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import statistics
 from pathlib import Path
 
 from evals.replay.scrape import COUNTERS, GAUGES, hit_rate
+from evals.replay.warm import WARM_LINE
 
 SUMMARY_KEYS = ("workload", "endpoint", "label", "n_turns", "ttft_mean_s", "ttft_p50_s",
                 "ttft_max_s", "decode_tps_mean", "reuse_ratio", "prompt_tokens", "reused_tokens",
@@ -35,15 +45,42 @@ def _mean(values: list[float]) -> float | None:
     return statistics.fmean(values) if values else None
 
 
+def turn_keys_digest(keys: list[str]) -> str:
+    """sha256 (hex) of the turn keys (``<trace file>#<line>``) joined by newlines, in plan order:
+    two runs with the same digest replayed the same calls in the same order."""
+    return hashlib.sha256("\n".join(keys).encode("utf-8")).hexdigest()
+
+
+def moe_settings(server_moe: dict | None) -> dict[str, object]:
+    """``backend``, ``expert_format`` and ``cpu_activations`` of a ``/v1/freetoken/memory``
+    answer, read at its top level or else in its ``expert_cache`` object; the keys it lacks are
+    left out (empty for None)."""
+    if not isinstance(server_moe, dict):
+        return {}
+    cache = server_moe.get("expert_cache")
+    cache = cache if isinstance(cache, dict) else {}
+    out = {}
+    for key in ("backend", "expert_format", "cpu_activations"):
+        value = server_moe.get(key, cache.get(key))
+        if value is not None:
+            out[key] = value
+    return out
+
+
 def summarize(records: list[dict], *, workload: str, endpoint: str, label: str, protocol: str,
               model: str, traces: str, concurrency: int, wall_s: float,
               engine: dict | None, traces_source: str | None = None,
-              n_planned: int | None = None, interrupted: bool = False) -> dict:
+              n_planned: int | None = None, interrupted: bool = False,
+              interrupted_by: str | None = None, warm: dict | None = None,
+              request_options: dict | None = None, turn_keys_sha256: str | None = None,
+              server_moe: dict | None = None) -> dict:
     """The ``summary.json`` object of a run (module docstring for the numbers).
 
     ``traces`` is the folder replayed (or ``"synthetic"``); ``traces_source`` defaults to
     ``"synthetic"`` when ``traces`` is, else ``"real"``; ``n_planned`` defaults to the number of
-    records."""
+    records. ``warm`` holds the fields of :func:`evals.replay.warm.warm_start` (None: all
+    unknown); ``request_options``, ``turn_keys_sha256`` and ``server_moe`` are stored as given
+    (module docstring)."""
     ok = [r for r in records if r["error"] is None]
     ttft = [r["ttft_s"] for r in ok if r["ttft_s"] is not None]
     tps = [r["decode_tps"] for r in ok if r["decode_tps"] is not None]
@@ -66,6 +103,11 @@ def summarize(records: list[dict], *, workload: str, endpoint: str, label: str, 
         "reused_tokens": sum(r["reused_tokens"] or 0 for r in ok),
         "output_tokens": sum(r["output_tokens"] or 0 for r in ok),
         "wall_s": wall_s, "engine": engine_out,
+        "interrupted_by": interrupted_by if interrupted else None,
+        "warm_start": None, "warm_start_rule": None, "warm_start_evidence": None,
+        "first_turn_warm": None, **(warm or {}),
+        "request_options": request_options, "turn_keys_sha256": turn_keys_sha256,
+        "server_moe": server_moe,
     }
 
 
@@ -96,7 +138,25 @@ def _engine_lines(engine: dict) -> list[str]:
         lines.append(f"- expert_hit_rate {_number(engine['expert_hit_rate'])} "
                      "(hits / (hits + misses) over the run)")
     if gauges:
-        lines.append("- checkpoints held at the end of the run (not deltas): " + ", ".join(gauges))
+        lines.append("- prefix cache held at the end of the run (not deltas): "
+                     + ", ".join(gauges))
+    return lines
+
+
+def _settings_lines(s: dict) -> list[str]:
+    """The warm-start line (loud when warm) and the FreeToken MoE settings line."""
+    lines = []
+    if s.get("warm_start"):
+        lines += [f"**{WARM_LINE}** (evidence: {s.get('warm_start_evidence')}).", ""]
+    elif s.get("warm_start") is False:
+        lines += [f"Cold start (evidence: {s.get('warm_start_evidence')}).", ""]
+    else:
+        lines += ["Warm start: unknown (no FreeToken `/metrics`, and no reused-token count from "
+                  "the first turn).", ""]
+    moe = moe_settings(s.get("server_moe"))
+    if moe:
+        lines += ["Server MoE settings (`/v1/freetoken/memory`): "
+                  + ", ".join(f"{k} `{v}`" for k, v in moe.items()) + ".", ""]
     return lines
 
 
@@ -104,15 +164,18 @@ def summary_markdown(summary: dict, records: list[dict]) -> str:
     """``summary.md``: the run's settings, the summary table, engine totals and every turn.
 
     The header line names the traces source (``traces: real`` / ``traces: SYNTHETIC``); an
-    interrupted run gets a note that the numbers cover the finished turns only."""
+    interrupted run gets a note that the numbers cover the finished turns only; then a line on
+    the warm start (:data:`evals.replay.warm.WARM_LINE` in bold when warm) and, for FreeToken,
+    its MoE backend / expert format / CPU activations."""
     s = summary
     source = s.get("traces_source") or ("synthetic" if s["traces"] == "synthetic" else "real")
     tag = "traces: SYNTHETIC (not real agent traffic)" if source == "synthetic" else "traces: real"
     lines = [f"# {s['workload']} replay: {s['label']} ({tag})", ""]
     if s.get("interrupted"):
-        lines += [f"**Interrupted** (Ctrl-C) after {s['n_turns']} of {s.get('n_planned', '?')} "
-                  "planned turns: every number below covers the finished turns only; there are "
-                  "no engine totals.", ""]
+        lines += [f"**Interrupted** ({s.get('interrupted_by') or 'Ctrl-C'}) after {s['n_turns']} "
+                  f"of {s.get('n_planned', '?')} planned turns: every number below covers the "
+                  "finished turns only; there are no engine totals.", ""]
+    lines += _settings_lines(s)
     lines += [
         f"Endpoint `{s['endpoint']}` ({s['protocol']}), model `{s['model']}`, traces "
         f"`{s['traces']}`, concurrency {s['concurrency'] or 'as recorded'}, "

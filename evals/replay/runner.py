@@ -73,13 +73,16 @@ def turn_record(index: int, req: TurnRequest, res: StreamResult, start_s: float,
 
 
 async def replay(requests: list[TurnRequest], cfg: RunConfig,
-                 on_done: Callable[[dict], None] | None = None
+                 on_done: Callable[[dict], None] | None = None,
+                 on_start: Callable[[dict | None], None] | None = None
                  ) -> tuple[list[dict], dict | None]:
     """Send every request (module docstring) and return ``(records in plan order, engine
     totals)``; engine totals are the ``/metrics`` deltas over the whole run (None when the
     endpoint is not FreeToken or scraping is off). ``on_done`` gets each record as its turn
     finishes (completion order), so a caller keeps the finished turns when the run is cancelled
-    (Ctrl-C under ``asyncio.run`` cancels this coroutine).
+    (Ctrl-C under ``asyncio.run`` cancels this coroutine). ``on_start`` gets the first ``/metrics``
+    scrape (``scrape.engine_stats``, raw values; None for other endpoints or with scraping off)
+    before the first request is sent (:mod:`evals.replay.warm` reads it).
 
     Raises:
         ValueError: negative concurrency, or a dependency on a call that is not in ``requests``.
@@ -100,6 +103,8 @@ async def replay(requests: list[TurnRequest], cfg: RunConfig,
                                  trust_env=not is_loopback(base)) as client:
         first = await scrape(client, base, hdrs) if cfg.scrape_metrics else None
         freetoken = first is not None
+        if on_start is not None:
+            on_start(first)
         t_run = time.perf_counter()
 
         async def run_one(i: int, req: TurnRequest) -> None:

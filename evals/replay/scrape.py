@@ -16,13 +16,17 @@ checkpoint_loads       ``freetoken_prefix_checkpoint_loads_total``   counter
 checkpoint_evictions   ``freetoken_prefix_checkpoint_evictions_total``  counter
 cached_tokens          ``freetoken_prompt_tokens_cached_total``      counter
 computed_tokens        ``freetoken_prompt_tokens_total``             counter
+requests_added         ``freetoken_requests_added_total``            counter
 checkpoints_device     ``freetoken_prefix_checkpoint_device_count``  gauge
 checkpoints_host       ``freetoken_prefix_checkpoint_host_count``    gauge
+radix_tokens           ``freetoken_prefix_radix_tokens``             gauge
 =====================  ============================================  =======
 
 Deltas of counters are after - before; gauges keep their value after. The MoE families exist
 only with an offloaded backend (``--moe-backend offload|cpu|hybrid``, or ``auto`` when the
-experts do not fit), so expert hits/misses are absent for a resident model.
+experts do not fit), so expert hits/misses are absent for a resident model. The first scrape of
+a run (its raw values, not a delta) also tells whether the engine started warm
+(:mod:`evals.replay.warm`: ``requests_added`` and ``radix_tokens`` > 0).
 """
 
 from __future__ import annotations
@@ -39,10 +43,12 @@ COUNTERS = {
     "checkpoint_evictions": "freetoken_prefix_checkpoint_evictions_total",
     "cached_tokens": "freetoken_prompt_tokens_cached_total",
     "computed_tokens": "freetoken_prompt_tokens_total",
+    "requests_added": "freetoken_requests_added_total",
 }
 GAUGES = {
     "checkpoints_device": "freetoken_prefix_checkpoint_device_count",
     "checkpoints_host": "freetoken_prefix_checkpoint_host_count",
+    "radix_tokens": "freetoken_prefix_radix_tokens",
 }
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
 

@@ -4,7 +4,8 @@ It records every request (path, headers, JSON body, arrival and finish times) an
 ``/v1/chat/completions`` and ``/v1/messages`` with a scripted SSE stream:
 
 * prompt tokens = :func:`scripted_prompt_tokens` of the body (characters of its messages / 4),
-  reused tokens = :func:`scripted_reused_tokens` (half of them, rounded down);
+  reused tokens = :func:`scripted_reused_tokens` (``reuse_fraction`` of them, rounded down; a
+  quarter by default, so a first turn looks cold; 1.0 scripts a warm server);
 * output = ``max_tokens`` tokens when the body has ``ignore_eos: true``, else 2 tokens, each
   ``GEN{i} `` (text that never occurs in a trace), one event per token ``token_delay_s`` apart,
   after ``first_delay_s``;
@@ -13,7 +14,10 @@ It records every request (path, headers, JSON body, arrival and finish times) an
   ``message_stop``.
 
 ``GET /metrics`` serves ``freetoken_`` families when ``freetoken`` is set: every finished request
-adds 3 expert hits (over two layers), 1 miss, 2 checkpoint saves and 1 load.
+adds 3 expert hits (over two layers), 1 miss, 2 checkpoint saves and 1 load, and every request
+received one to ``freetoken_requests_added_total`` (so a second run against the same stub starts
+warm). ``memory`` (a dict) is served as ``GET /v1/freetoken/memory`` when ``freetoken`` is set
+(404 otherwise).
 ``fail_on`` makes the n-th request (0-based) answer HTTP 500. ``api_key`` makes every route
 answer 401 unless the request carries it (``Authorization: Bearer`` or ``x-api-key``), as
 ``freetoken serve --api-key`` does; ``models_status`` other than 200 makes ``GET /v1/models``
@@ -36,9 +40,10 @@ def scripted_prompt_tokens(body: dict) -> int:
     return len(json.dumps([body.get("system"), body.get("messages")])) // 4
 
 
-def scripted_reused_tokens(body: dict) -> int:
-    """The stub's reused (cached) prompt tokens for a request body."""
-    return scripted_prompt_tokens(body) // 2
+def scripted_reused_tokens(body: dict, fraction: float = 0.25) -> int:
+    """The stub's reused (cached) prompt tokens for a request body (``fraction`` of the prompt,
+    rounded down; the stub's ``reuse_fraction``)."""
+    return int(scripted_prompt_tokens(body) * fraction)
 
 
 @dataclass
@@ -51,6 +56,8 @@ class StubState:
     fail_on: int | None = None
     api_key: str | None = None
     models_status: int = 200
+    reuse_fraction: float = 0.25
+    memory: dict | None = None
     log: list[dict] = field(default_factory=list)
     gets: list[str] = field(default_factory=list)
     finished: int = 0
@@ -89,9 +96,13 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(self.state.models_status, "text/html", b"<html>no such page</html>")
         elif self.path == "/v1/models":
             self._send(200, "application/json", b'{"data": [{"id": "stub-model"}]}')
+        elif self.path == "/v1/freetoken/memory" and self.state.freetoken \
+                and self.state.memory is not None:
+            self._send(200, "application/json", json.dumps(self.state.memory).encode())
         elif self.path == "/metrics" and self.state.freetoken:
             n = self.state.finished
-            text = (f"freetoken_moe_hits_total{{layer=\"0\"}} {2 * n}\n"
+            text = (f"freetoken_requests_added_total {len(self.state.log)}\n"
+                    f"freetoken_moe_hits_total{{layer=\"0\"}} {2 * n}\n"
                     f"freetoken_moe_hits_total{{layer=\"1\"}} {n}\n"
                     f"freetoken_moe_misses_total{{layer=\"0\"}} {n}\n"
                     f"freetoken_prefix_checkpoint_saves_total {2 * n}\n"
@@ -151,12 +162,14 @@ class _Handler(BaseHTTPRequestHandler):
         prompt = scripted_prompt_tokens(body)
         self._event({"choices": [], "usage": {
             "prompt_tokens": prompt, "completion_tokens": len(tokens),
-            "prompt_tokens_details": {"cached_tokens": scripted_reused_tokens(body)}}})
+            "prompt_tokens_details": {"cached_tokens": scripted_reused_tokens(
+                body, self.state.reuse_fraction)}}})
         self._finish(entry)
         self._event("[DONE]")
 
     def _anthropic(self, body: dict, entry: dict) -> None:
-        prompt, reused = scripted_prompt_tokens(body), scripted_reused_tokens(body)
+        prompt = scripted_prompt_tokens(body)
+        reused = scripted_reused_tokens(body, self.state.reuse_fraction)
         self._event({"type": "message_start", "message": {"usage": {
             "input_tokens": prompt, "output_tokens": 0}}}, "message_start")
         self._event({"type": "ping"}, "ping")

@@ -1,5 +1,7 @@
-"""``evals/compare.py`` and the peers report: which runs get ratios, the traces source of every
-row, unique labels, and clean errors for inputs that are not run folders. Run folders are written
+"""``evals/compare.py`` and the peers report: which runs get ratios (request options, planned
+turns, warm starts, older summaries), the traces source of every row, the warm start and MoE
+settings table, unique labels (in the table and the plot), and clean errors for inputs that are
+not run folders. Run folders are written
 with the replay's own writer from hand-made summaries (exact ratios), no server needed."""
 
 from __future__ import annotations
@@ -7,11 +9,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+import matplotlib.pyplot as plt
 import pytest
 
 from evals.compare import main as compare_main
 from evals.peers.report import build as build_peers_report
 from evals.replay.comparison import compare_table, not_comparable, unique_labels
+from evals.replay.plots import compare_figure
 from evals.replay.report import write_outputs
 
 
@@ -100,6 +104,96 @@ def test_compare_md_warns_about_synthetic_runs(tmp_path: Path) -> None:
     md = (tmp_path / "c/compare.md").read_text()
     assert "**Synthetic traces** (not real agent traffic): A, B.\n" in md
     assert _row(md, "| B | W2 | synthetic |").endswith("| 2.00 | 0.50 |")
+
+
+OPTIONS = {"select": [], "edits": True, "ignore_eos": True, "temperature": 1.0, "concurrency": 1,
+           "w1_max_tokens": 512, "limit_turns": 4, "harness_header": False, "model": "m"}
+
+
+def _new(label: str, ttft: float, tps: float, options: dict | None = None, **changes) -> dict:
+    """A summary with the fields this round added (request options, digest, warm start)."""
+    added = {"request_options": {**OPTIONS, **(options or {})}, "turn_keys_sha256": "d" * 64,
+             "warm_start": False, "warm_start_rule": "metrics",
+             "warm_start_evidence": "/metrics at the first scrape: "
+                                    "freetoken_requests_added_total 0",
+             "first_turn_warm": False, "server_moe": None}
+    return _summary(label, ttft, tps, **{**added, **changes})
+
+
+def test_runs_must_replay_the_same_requests() -> None:
+    base = _new("ft", 2.0, 10.0)
+    runs = [base, _new("same", 1.0, 25.0),
+            _new("temp", 1.0, 25.0, {"temperature": 0.0}),
+            _new("two", 1.0, 25.0, {"select": ["pydicom"], "model": "other"}),
+            _new("eos", 1.0, 25.0, {"ignore_eos": False, "edits": False, "concurrency": 0,
+                                    "w1_max_tokens": 64, "limit_turns": None,
+                                    "harness_header": True}),
+            _new("keys", 1.0, 25.0, turn_keys_sha256="e" * 64, n_planned=5),
+            _new("warm", 1.0, 25.0, warm_start=True, first_turn_warm=True)]
+    table = compare_table(runs)
+    assert _row(table, "| same |").endswith("| 0.50 | 2.50 |")
+    assert _row(table, "| temp (not comparable: temperature differs) |").endswith("|  |  |")
+    assert _row(table, "| two (not comparable: select differs; model differs) |")
+    assert _row(table, "| eos (not comparable: edits differs; ignore_eos differs; concurrency "
+                       "differs; w1_max_tokens differs; limit_turns differs; harness_header "
+                       "differs) |").endswith("|  |  |")
+    assert _row(table, "| keys (not comparable: n_planned differs; planned turns differ "
+                       "(turn_keys_sha256)) |").endswith("|  |  |")
+    assert _row(table, "| warm (not comparable: warm start (run warm, baseline cold)) |"
+                ).endswith("|  |  |")
+
+
+def test_older_summaries_without_the_new_fields_stay_comparable() -> None:
+    old, new = _summary("old", 2.0, 10.0), _new("new", 1.0, 20.0)
+    del old["n_planned"]
+    assert not_comparable(new, old) == [] and not_comparable(old, new) == []
+    partial = _new("partial", 1.0, 20.0)
+    del partial["request_options"]["temperature"]
+    assert not_comparable(partial, _new("b", 1.0, 1.0, {"temperature": 0.5})) == []
+    assert not_comparable(_new("x", 1, 1, warm_start=None, first_turn_warm=None),
+                          _new("y", 1, 1, warm_start=True, first_turn_warm=True)) == []
+
+
+def test_compare_md_shows_warm_starts_and_moe_settings(tmp_path: Path) -> None:
+    memory = {"backend": "hybrid", "policy": "lru", "device": "cuda:0",
+              "expert_cache": {"slots": 64, "expert_format": "mxfp4", "cpu_activations": "q8"}}
+    newer = {"backend": "offload", "expert_format": "q4g", "cpu_activations": "bf16",
+             "expert_cache": {"slots": 8}}  # fields at the top level win
+    a = _write_run(tmp_path / "a", _new("A", 2.0, 10.0, server_moe=memory))
+    b = _write_run(tmp_path / "b", _new("B", 1.0, 20.0, server_moe=newer))
+    c = _write_run(tmp_path / "c", _new("C", 1.0, 20.0, warm_start=True, first_turn_warm=True,
+                                        warm_start_evidence="first turn reused 9 of 10 prompt "
+                                                            "tokens (>= 50%)"))
+    d = _write_run(tmp_path / "d", _summary("D", 1.0, 20.0))  # an older run: nothing known
+    assert compare_main([str(a), str(b), str(c), str(d), "--out", str(tmp_path / "cmp")]) == 0
+    md = (tmp_path / "cmp/compare.md").read_text()
+    assert ("\n**Warm start**: C had already served requests before the run; their TTFT/reuse "
+            "are not cold-start measurements (no ratios between a warm and a cold run).\n") in md
+    # a different backend / format / activations is what a user compares: ratios stay
+    assert _row(md, "| B | W2 |").endswith("| 0.50 | 2.00 |")
+    assert _row(md, "| D | W2 |").endswith("| 0.50 | 2.00 |")
+    assert _row(md, "| C (not comparable: warm start (run warm, baseline cold)) |")
+    assert ("| run | start | MoE backend | expert format | CPU activations |\n"
+            "|---|---|---|---|---|\n"
+            "| A | cold | hybrid | mxfp4 | q8 |\n"
+            "| B | cold | offload | q4g | bf16 |\n"
+            "| C | **WARM** | - | - | - |\n"
+            "| D | unknown | - | - | - |\n") in md
+    assert "; start: first turn reused 9 of 10 prompt tokens (>= 50%))\n" in md
+
+
+def test_compare_png_uses_the_table_labels(tmp_path: Path) -> None:
+    summaries = [_summary("127.0.0.1:8000", 1.0, 2.0), _summary("127.0.0.1:8000", 2.0, 1.0)]
+    labels = unique_labels(summaries, [Path("/runs/W2"), Path("/runs/W2b")])
+    assert labels == ["127.0.0.1:8000 (W2)", "127.0.0.1:8000 (W2b)"]
+    fig = compare_figure(summaries, labels)
+    try:
+        for ax in fig.axes:
+            assert [t.get_text() for t in ax.get_xticklabels()] == labels
+    finally:
+        plt.close(fig)
+    with pytest.raises(ValueError, match="^1 labels for 2 runs$"):
+        compare_figure(summaries, labels[:1])
 
 
 def _peers_args(out: Path, traces: str) -> argparse.Namespace:

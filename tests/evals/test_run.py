@@ -3,6 +3,7 @@ reaches the endpoint, how it is measured, concurrency, metrics scraping and the 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import statistics
 from pathlib import Path
@@ -67,7 +68,7 @@ def test_w2_run_requests_and_outputs(tmp_path: Path, traces: Path) -> None:
     assert all(0 < r["ttft_s"] < r["total_s"] and r["decode_tps"] > 0 for r in records)
     assert records[0]["engine"] == {"expert_hits": 3.0, "expert_misses": 1.0,
                                     "checkpoint_saves": 2.0, "checkpoint_loads": 1.0,
-                                    "checkpoints_device": 4.0}
+                                    "requests_added": 1, "checkpoints_device": 4.0}
 
     saved = json.loads((tmp_path / "summary.json").read_text())
     assert saved == json.loads(json.dumps(summary))
@@ -85,8 +86,25 @@ def test_w2_run_requests_and_outputs(tmp_path: Path, traces: Path) -> None:
         statistics.fmean(r["decode_tps"] for r in records))
     assert summary["engine"]["expert_hits"] == 18 and summary["engine"]["expert_misses"] == 6
     assert summary["engine"]["expert_hit_rate"] == pytest.approx(0.75)
+    assert summary["engine"]["requests_added"] == 6
+    # a fresh server: cold by its /metrics, and by the first turn's reuse (a quarter < half)
+    first = records[0]
+    assert {k: summary[k] for k in ("warm_start", "warm_start_rule", "warm_start_evidence",
+                                    "first_turn_warm")} == {
+        "warm_start": False, "warm_start_rule": "metrics",
+        "warm_start_evidence": "/metrics at the first scrape: freetoken_requests_added_total 0",
+        "first_turn_warm": False}
+    assert first["reused_tokens"] < first["prompt_tokens"] / 2
+    assert summary["request_options"] == {
+        "select": [], "edits": True, "ignore_eos": True, "temperature": 1.0, "concurrency": 1,
+        "w1_max_tokens": 512, "limit_turns": 6, "harness_header": False, "model": "stub-model"}
+    assert summary["turn_keys_sha256"] == hashlib.sha256(
+        "\n".join(c.key for c in plan).encode()).hexdigest()
+    assert summary["server_moe"] is None and summary["interrupted_by"] is None
     md = (tmp_path / "summary.md").read_text()
     assert f"| 6 | {summary['ttft_mean_s']:.3f} |" in md and "expert_hit_rate 0.750" in md
+    assert ("\nCold start (evidence: /metrics at the first scrape: "
+            "freetoken_requests_added_total 0).\n") in md and "WARM" not in md
     for name in ("ttft.png", "decode_tps.png", "reuse.png"):
         data = (tmp_path / name).read_bytes()
         assert data.startswith(PNG) and len(data) > 2000
@@ -176,17 +194,19 @@ def test_w4_session_replay(tmp_path: Path, traces: Path) -> None:
 
 def test_cli_exit_codes_and_compare(tmp_path: Path, traces: Path,
                                     capsys: pytest.CaptureFixture) -> None:
+    argv = ["--workload", "W2", "--traces", str(traces), "--limit-turns", "3", "--no-progress"]
     with StubServer() as stub:
-        argv = ["--workload", "W2", "--endpoint", stub.url, "--traces", str(traces),
-                "--limit-turns", "3", "--no-progress"]
-        assert run_main(argv + ["--out", str(tmp_path / "a"), "--label", "A"]) == 0
-        stub.state.first_delay_s = 0.05
-        assert run_main(argv + ["--out", str(tmp_path / "a2"), "--label", "A"]) == 0
+        assert run_main(argv + ["--endpoint", stub.url, "--out", str(tmp_path / "a"),
+                                "--label", "A"]) == 0
+    with StubServer(first_delay_s=0.05) as stub:  # a fresh (cold) server
+        url = ["--endpoint", stub.url]
+        assert run_main(argv + url + ["--out", str(tmp_path / "a2"), "--label", "A"]) == 0
         stub.state.fail_on = len(stub.state.log) + 1
-        assert run_main(argv + ["--out", str(tmp_path / "b"), "--label", "B"]) == 1
+        assert run_main(argv + url + ["--out", str(tmp_path / "b"), "--label", "B"]) == 1
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("W2 A: 3 turns (0 failed), TTFT mean ")
     assert out[0].endswith(f"; traces: real; wrote {tmp_path / 'a'}")
+    assert out[2].endswith(f"; traces: real; WARM start; wrote {tmp_path / 'b'}")
     failed = _records(tmp_path / "b")[1]
     assert failed["status"] == 500 and failed["error"].startswith("HTTP 500: ")
     assert json.loads((tmp_path / "b/summary.json").read_text())["n_failed"] == 1
@@ -204,8 +224,45 @@ def test_cli_exit_codes_and_compare(tmp_path: Path, traces: Path,
     row_a2 = next(line for line in rows if line.startswith("| A (a2) | W2 | real | openai | 3 | 0 |"))
     assert f"| {a2['ttft_mean_s'] / a['ttft_mean_s']:.2f} |" in row_a2
     assert row_a2.endswith(f"| {a2['decode_tps_mean'] / a['decode_tps_mean']:.2f} |")
-    row_b = next(line for line in rows if line.startswith("| B (not comparable: run has 1 failed "
-                                                          "turn(s)) | W2 | real | openai | 3 | 1 |"))
+    row_b = next(line for line in rows if line.startswith(
+        "| B (not comparable: warm start (run warm, baseline cold); run has 1 failed turn(s)) | "
+        "W2 | real | openai | 3 | 1 |"))
     assert row_b.endswith(" |  |  |")  # no ratios
+    assert "| B | **WARM** | - | - | - |" in rows and "| A (a2) | cold | - | - | - |" in rows
     assert (tmp_path / "cmp/compare.png").read_bytes().startswith(PNG)
     assert compare_main([str(tmp_path / "nothing")]) == 2
+
+
+def test_a_second_run_against_the_same_server_is_warm(tmp_path: Path, traces: Path,
+                                                      capsys: pytest.CaptureFixture) -> None:
+    argv = ["--workload", "W2", "--traces", str(traces), "--limit-turns", "2", "--no-progress"]
+    with StubServer() as stub:
+        url = ["--endpoint", stub.url]
+        assert run_main(argv + url + ["--out", str(tmp_path / "cold"), "--label", "ft"]) == 0
+        stub.state.reuse_fraction = 1.0  # the prompts are in the prefix cache now
+        assert run_main(argv + url + ["--out", str(tmp_path / "warm"), "--label", "ft"]) == 0
+    err = capsys.readouterr().err
+    assert err == ("run: WARM: the server had already served requests before this run; its "
+                   "TTFT/reuse are not a cold-start measurement (/metrics at the first scrape: "
+                   "freetoken_requests_added_total 2)\n")
+    warm = json.loads((tmp_path / "warm/summary.json").read_text())
+    first = _records(tmp_path / "warm")[0]
+    assert first["reused_tokens"] == first["prompt_tokens"]
+    assert (warm["warm_start"], warm["warm_start_rule"], warm["first_turn_warm"]) == (
+        True, "metrics", True)
+    md = (tmp_path / "warm/summary.md").read_text()
+    assert ("\n**WARM: the server had already served requests before this run; its TTFT/reuse "
+            "are not a cold-start measurement** (evidence: /metrics at the first scrape: "
+            "freetoken_requests_added_total 2).\n") in md
+    assert compare_main([str(tmp_path / "cold"), str(tmp_path / "warm"),
+                         "--out", str(tmp_path / "cmp")]) == 0
+    md = (tmp_path / "cmp/compare.md").read_text()
+    assert ("**Warm start**: ft (warm) had already served requests before the run; their "
+            "TTFT/reuse are not cold-start measurements (no ratios between a warm and a cold "
+            "run).\n") in md
+    assert next(line for line in md.splitlines() if line.startswith("| ft (warm) ")).startswith(
+        "| ft (warm) (not comparable: warm start (run warm, baseline cold)) | W2 |")
+    assert md.splitlines()[-1] == (
+        f"- ft (warm): `{tmp_path / 'warm'}` ({warm['endpoint']}, openai, model `stub-model`, "
+        f"traces `{warm['traces']}`; start: /metrics at the first scrape: "
+        "freetoken_requests_added_total 2)")

@@ -1,6 +1,7 @@
 """``evals/run.py`` as a user meets it: checks made before any request (traces, --out, endpoint,
-API key, option values), the whole-request timeout, Ctrl-C, the engine paragraph of summary.md and
-the plots' turn ticks. Against the recording stub server (tests/evals/stub_server.py), no model."""
+API key, option values), the whole-request timeout, Ctrl-C and SIGTERM, the warm-start rule of
+non-FreeToken servers, FreeToken's MoE settings, the engine paragraph of summary.md and the plots'
+turn ticks. Against the recording stub server (tests/evals/stub_server.py), no model."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import pytest
 from evals.replay.plots import turn_figure
 from evals.replay.synthetic import write_synthetic_traces
 from evals.run import main as run_main
-from tests.evals.stub_server import StubServer
+from tests.evals.stub_server import StubServer, scripted_prompt_tokens
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -165,7 +166,10 @@ def test_help_shows_defaults(capsys: pytest.CaptureFixture) -> None:
         assert default in text
 
 
-def test_ctrl_c_keeps_the_finished_turns(tmp_path: Path, traces: Path) -> None:
+def _interrupt_a_run(tmp_path: Path, traces: Path, signum: int
+                     ) -> tuple[subprocess.Popen, str, str, Path]:
+    """Start evals/run.py in a subprocess against the stub, send ``signum`` once two turns are
+    in turns.jsonl; returns (process, stdout, stderr, out folder)."""
     out = tmp_path / "o"
     with StubServer(freetoken=False, token_delay_s=0.01) as stub:
         env = {k: v for k, v in os.environ.items() if k != "FREETOKEN_API_KEY"}
@@ -179,22 +183,31 @@ def test_ctrl_c_keeps_the_finished_turns(tmp_path: Path, traces: Path) -> None:
             if turns.is_file() and len(turns.read_text().splitlines()) >= 2:
                 break  # lines appear while the run goes on: appended as turns finish
             time.sleep(0.02)
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signum)
         stdout, stderr = proc.communicate(timeout=60)
-    assert proc.returncode == 130, stderr
+    return proc, stdout, stderr, out
+
+
+@pytest.mark.parametrize(("signum", "status", "cause"), [
+    (signal.SIGINT, 130, "Ctrl-C"), (signal.SIGTERM, 143, "SIGTERM")])
+def test_ctrl_c_and_sigterm_keep_the_finished_turns(tmp_path: Path, traces: Path, signum: int,
+                                                    status: int, cause: str) -> None:
+    proc, stdout, stderr, out = _interrupt_a_run(tmp_path, traces, signum)
+    assert proc.returncode == status, stderr
     assert "Traceback" not in stderr
     summary = json.loads((out / "summary.json").read_text())
     done = summary["n_turns"]
     assert summary["interrupted"] is True and summary["n_planned"] == 8 and 2 <= done < 8
+    assert summary["interrupted_by"] == cause
     assert summary["engine"] is None and summary["n_failed"] == 0
-    records = [json.loads(t) for t in turns.read_text().splitlines()]
+    records = [json.loads(t) for t in (out / "turns.jsonl").read_text().splitlines()]
     assert [r["index"] for r in records] == list(range(done))
     assert all(r["output_tokens"] == 40 for r in records)
-    assert f"run: interrupted after {done} of 8 turns; the finished turns are in {out}/turns.jsonl" \
-        in stderr
+    assert (f"run: interrupted ({cause}) after {done} of 8 turns; the finished turns are in "
+            f"{out}/turns.jsonl") in stderr
     assert "; INTERRUPTED; wrote " in stdout
     md = (out / "summary.md").read_text()
-    assert f"**Interrupted** (Ctrl-C) after {done} of 8 planned turns" in md
+    assert f"**Interrupted** ({cause}) after {done} of 8 planned turns" in md
     assert all((out / name).is_file() for name in ("ttft.png", "decode_tps.png", "reuse.png"))
 
 
@@ -204,9 +217,50 @@ def test_summary_md_labels_engine_totals(tmp_path: Path, traces: Path) -> None:
                               workload="W2")) == 0
     md = (tmp_path / "o/summary.md").read_text()
     assert ("- counters, deltas over the run: expert_hits 9, expert_misses 3, checkpoint_saves 6, "
-            "checkpoint_loads 3\n") in md
+            "checkpoint_loads 3, requests_added 3\n") in md
     assert "- expert_hit_rate 0.750 (hits / (hits + misses) over the run)\n" in md
-    assert "- checkpoints held at the end of the run (not deltas): checkpoints_device 4\n" in md
+    assert "- prefix cache held at the end of the run (not deltas): checkpoints_device 4\n" in md
+
+
+@pytest.mark.parametrize(("fraction", "warm"), [(0.25, False), (0.75, True)])
+def test_other_servers_are_judged_warm_by_the_first_turn(
+        tmp_path: Path, traces: Path, capsys: pytest.CaptureFixture, fraction: float,
+        warm: bool) -> None:
+    with StubServer(freetoken=False, reuse_fraction=fraction) as stub:
+        assert run_main(_argv(stub.url, traces, tmp_path / "o", "--limit-turns", "2")) == 0
+    assert "/v1/freetoken/memory" in stub.state.gets  # asked, answered 404
+    prompt = scripted_prompt_tokens(stub.bodies[0])
+    evidence = (f"first turn reused {int(prompt * fraction)} of {prompt} prompt tokens "
+                f"({'>=' if warm else '<'} 50%)")
+    summary = json.loads((tmp_path / "o/summary.json").read_text())
+    assert {k: summary[k] for k in ("warm_start", "warm_start_rule", "warm_start_evidence",
+                                    "first_turn_warm", "server_moe")} == {
+        "warm_start": warm, "warm_start_rule": "first_turn_reuse", "warm_start_evidence": evidence,
+        "first_turn_warm": warm, "server_moe": None}
+    md = (tmp_path / "o/summary.md").read_text()
+    captured = capsys.readouterr()
+    if warm:
+        assert f"** (evidence: {evidence}).\n" in md and "\n**WARM: the server had" in md
+        assert "; WARM start; wrote " in captured.out
+        assert captured.err == (f"run: WARM: the server had already served requests before this "
+                                f"run; its TTFT/reuse are not a cold-start measurement "
+                                f"({evidence})\n")
+    else:
+        assert f"\nCold start (evidence: {evidence}).\n" in md and "WARM" not in md
+        assert "WARM" not in captured.out + captured.err
+
+
+def test_freetoken_moe_settings_are_recorded(tmp_path: Path, traces: Path) -> None:
+    memory = {"backend": "offload", "policy": "lru", "device": "cpu",
+              "expert_cache": {"slots": 8, "bytes": 4096, "expert_format": "q4g",
+                               "cpu_activations": "q8", "memory_floor_bytes": None}}
+    with StubServer(memory=memory) as stub:
+        assert run_main(_argv(stub.url, traces, tmp_path / "o", "--limit-turns", "1")) == 0
+    summary = json.loads((tmp_path / "o/summary.json").read_text())
+    assert summary["server_moe"] == memory
+    md = (tmp_path / "o/summary.md").read_text()
+    assert ("\nServer MoE settings (`/v1/freetoken/memory`): backend `offload`, expert_format "
+            "`q4g`, cpu_activations `q8`.\n") in md
 
 
 def test_turn_plots_have_integer_ticks() -> None:
