@@ -40,6 +40,7 @@ if __package__ in (None, ""):  # run as a script: make ``evals`` importable from
 
 from evals.replay.endpoint import EndpointError, api_key_or_env, fetch_model_list, normalize_endpoint
 from evals.replay.report import check_out_dir
+from evals.replay.signals import EXIT_SIGINT
 from evals.swe.agent import AgentNotFound, AgentRun, find_mini, mini_command, read_trajectory, run_agent
 from evals.swe.relay import Relay
 from evals.swe.report import build_report, render_markdown
@@ -159,7 +160,7 @@ def run(args: argparse.Namespace) -> tuple[int, Path]:
     if interrupted:
         print(f"interrupted: the agent was stopped and its temporary copy removed; partial report in {out}",
               file=sys.stderr)
-        return 130, out
+        return EXIT_SIGINT, out
     return (0 if report["ok"] else 1), out
 
 
@@ -176,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         print("interrupted before the agent started; nothing written", file=sys.stderr)
-        return 130
+        return EXIT_SIGINT
     return code
 
 

@@ -26,8 +26,7 @@ from freetoken.offload.banks import EXPERT_FORMATS
 from freetoken.offload.control import MOE_BACKENDS, parse_bytes
 from freetoken.offload.scores import POLICIES
 from freetoken.offload.split import MODES
-
-CPU_ACTIVATIONS = ("fp32", "q8")  # freetoken.ops.cpu_moe ``activations``
+from freetoken.ops.cpu_moe import ACTIVATIONS as CPU_ACTIVATIONS
 
 SPLIT_OF_BACKEND = {"offload": "all-fill", "cpu": "all-cpu", "hybrid": "split"}
 DEFAULT_CPU_FRACTION = 0.25

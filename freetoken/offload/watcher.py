@@ -98,7 +98,6 @@ class MemoryWatcher:
 
     Attributes:
         shrinks, grows: resizes done by the watcher.
-        last_free: free bytes read at the last check (None before the first).
 
     Raises:
         ValueError: ``floor_bytes`` < 1, ``check_every`` < 1 or ``min_slots`` < 1.
@@ -122,7 +121,6 @@ class MemoryWatcher:
         self.release = release
         self.shrinks = 0
         self.grows = 0
-        self.last_free: int | None = None
         self._steps = 0
 
     def target_slots(self, free: int) -> int:
@@ -146,7 +144,6 @@ class MemoryWatcher:
         if (self._steps - 1) % self.check_every:
             return None
         free = int(self.probe())
-        self.last_free = free
         current = self.runtime.cache.num_slots
         target = self.target_slots(free)
         if target == current:
