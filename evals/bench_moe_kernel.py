@@ -10,7 +10,10 @@ wall time, and the ratio of that to two same-run baselines on a large fp32 tenso
 (``src.sum()``, bytes read). The kernel's goal is >= 0.85 of copy. Each (format, ISA) result is
 first checked against the fp32 reference on the dequantised weights. The rows ``mxfp4+q8`` and
 ``q4g+q8`` run the same banks with int8 activations (``activations="q8"``), checked against the
-q8 reference (``cpu_moe_reference_q8``, ``Q8_ACCUMULATION_TOLERANCE``); they have no torch row.
+q8 reference up to rounding ambiguity (``rounding.q8_accumulation_error``,
+``Q8_ACCUMULATION_TOLERANCE``); ``bf16+bf16`` runs the bf16 banks with bf16 activations
+(``vdpbf16ps`` on ``avx512_bf16``), checked likewise (``BF16_ACCUMULATION_TOLERANCE``). These
+rows have no torch baseline. Every ISA variant the CPU supports gets its own row.
 
 Run: ``python -m evals.bench_moe_kernel [--shapes small,large] [--iters 30]`` (about a minute,
 peak ~2.5 GiB RAM for the fp32 banks of the larger shape). ``run(args)`` returns the table rows.
@@ -27,19 +30,21 @@ import torch
 import torch.nn.functional as F
 
 from freetoken.ops.cpu_moe import (
-    FORMAT_TOLERANCE,
+    FP32_ACCUMULATION_TOLERANCE,
     Q8_ACCUMULATION_TOLERANCE,
+    BF16_ACCUMULATION_TOLERANCE,
     ExpertBankView,
     cpu_moe_reference_banks,
-    cpu_moe_reference_q8,
     relative_rms_error,
 )
 from freetoken.ops.cpu_moe.cpu import cpu_moe_banks, num_threads, supported_isas
 from freetoken.ops.cpu_moe.formats import dequantize_bank
+from freetoken.ops.cpu_moe.rounding import bf16_accumulation_error, q8_accumulation_error
 
 # name: (H, I, N flat experts, top-k). "small" is the small preset (64 experts x 12 layers).
 SHAPES = {"small": (1024, 256, 64 * 12, 8), "large": (2048, 768, 128, 8)}
-FORMATS = ("bf16", "fp32", "mxfp4", "q4g", "mxfp4+q8", "q4g+q8")  # "+q8": int8 activations
+# "+q8": int8 activations; "+bf16": bf16 activations.
+FORMATS = ("bf16", "fp32", "mxfp4", "q4g", "mxfp4+q8", "q4g+q8", "bf16+bf16")
 
 
 def _median_s(fn: Callable[[], object], iters: int) -> float:
@@ -111,7 +116,7 @@ def bench_shape(name: str, args: argparse.Namespace, copy_gbs: float, read_gbs: 
     """Rows for one shape: every format x (kernel ISAs + torch baseline)."""
     h, i, n, k = SHAPES[name]
     rows = []
-    x = torch.randn(1, h)
+    x = torch.randn(1, h, generator=torch.Generator().manual_seed(0))
     routings = _routings(n, k, args.iters + 1, seed=1)
     for fmt in args.formats:
         bank_fmt, _, act = fmt.partition("+")
@@ -124,14 +129,21 @@ def bench_shape(name: str, args: argparse.Namespace, copy_gbs: float, read_gbs: 
         if act == "fp32":
             impls["torch per-expert"] = lambda r: torch_per_expert(x, *r, banks)
             ref = cpu_moe_reference_banks(x, *routings[0], banks)
+
+            def error(out: torch.Tensor) -> float:
+                return relative_rms_error(ref, out)
+        elif act == "q8":
+            def error(out: torch.Tensor) -> float:
+                return q8_accumulation_error(out, x, *routings[0], banks)
         else:
-            ref = cpu_moe_reference_q8(x, *routings[0], banks)
+            def error(out: torch.Tensor) -> float:
+                return bf16_accumulation_error(out, x, *routings[0], banks.gate_up[0],
+                                               banks.down[0])
+        bounds = {"fp32": FP32_ACCUMULATION_TOLERANCE, "q8": Q8_ACCUMULATION_TOLERANCE,
+                  "bf16": BF16_ACCUMULATION_TOLERANCE}
         for impl, fn in impls.items():
-            err = relative_rms_error(ref, fn(routings[0]))
-            if not impl.startswith("kernel"):
-                bound = 1e-2
-            else:
-                bound = FORMAT_TOLERANCE[fmt] if act == "fp32" else Q8_ACCUMULATION_TOLERANCE
+            err = error(fn(routings[0]))
+            bound = bounds[act] if impl.startswith("kernel") else 1e-2
             assert err <= bound, f"{name} {fmt} {impl}: error {err:.3g} > {bound}"
             times = []
             kernel = impl.startswith("kernel")

@@ -114,8 +114,10 @@ def _add_moe_options(p: argparse.ArgumentParser) -> None:
                         "q4g, quantised at load (H and I must be multiples of 32)")
     g.add_argument("--moe-cpu-activations", choices=CPU_ACTIVATIONS, default="fp32",
                    help="activations of the CPU expert kernel (the cpu and hybrid backends): fp32 "
-                        "(default, exact) or q8 (int8 per block of 32, faster, ~1e-2 relative "
-                        "error per MoE layer; needs --moe-expert-format mxfp4 or q4g)")
+                        "(default, exact), q8 (int8 per block of 32, faster, ~1e-2 relative "
+                        "error per MoE layer; needs --moe-expert-format mxfp4 or q4g) or bf16 "
+                        "(rounded to bf16, vdpbf16ps on AVX512_BF16 CPUs, ~3e-3 relative error "
+                        "per MoE layer; needs bf16 dense banks)")
     g.add_argument("--moe-memory-floor", default=None, metavar="SIZE",
                    help="keep SIZE (with a unit, e.g. 2GiB) of device memory free: every 16 engine "
                         "steps the expert cache shrinks when free memory is below SIZE and regrows "

@@ -21,6 +21,20 @@ if (os.cpu_count() or 1) <= 2:
     torch.set_num_threads(1)
 
 
+def _cpu_isas() -> tuple[str, ...]:
+    from freetoken.ops.cpu_moe.cpu import supported_isas
+
+    return supported_isas()
+
+
+@pytest.fixture(params=_cpu_isas())
+def every_cpu_isa(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Runs the test once per CPU expert-kernel ISA variant this CPU supports (forced through
+    ``FREETOKEN_CPU_MOE_ISA``), so a CPU with more features cannot hide a broken variant."""
+    monkeypatch.setenv("FREETOKEN_CPU_MOE_ISA", request.param)
+    return request.param
+
+
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
     """``tiny_checkpoint(arch) -> Path``: the seed-0 ``tiny`` checkpoint of ``arch``
@@ -36,3 +50,42 @@ def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str],
         return made[arch]
 
     return get
+
+
+def _kernel_report() -> tuple[list[str], list[str]]:
+    """(lines describing the CPU expert kernels this run exercised, names of kernels this CPU can
+    run that no test ran)."""
+    from freetoken.ops.cpu_moe.cpu import kernels, supported_isas
+
+    isas = supported_isas()
+    table = kernels()
+    ran = [f"{name} ({calls})" for name, _, calls in table if calls]
+    missed = [name for name, isa, calls in table if isa in isas and not calls]
+    other = [name for name, isa, _ in table if isa not in isas]
+    lines = [f"CPU expert kernel: ISA variants on this CPU: {', '.join(isas)}",
+             f"CPU expert kernel: kernels exercised (calls): {', '.join(ran) or 'none'}"]
+    if missed:
+        lines.append(f"CPU expert kernel: runnable here but not exercised: {', '.join(missed)}")
+    if other:
+        lines.append(f"CPU expert kernel: not runnable on this CPU (untested here): "
+                     f"{', '.join(other)}")
+    return lines, missed
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """With FREETOKEN_REQUIRE_ALL_KERNELS=1 (set by .ci/run) a run that left a kernel this CPU
+    can run unexercised fails: a green CI then proves every variant the machine has."""
+    if os.environ.get("FREETOKEN_REQUIRE_ALL_KERNELS") == "1" and exitstatus == 0:
+        _, missed = _kernel_report()
+        if missed:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:  # noqa: ANN001
+    lines, missed = _kernel_report()
+    for line in lines:
+        terminalreporter.write_line(line)
+    if missed and os.environ.get("FREETOKEN_REQUIRE_ALL_KERNELS") == "1":
+        terminalreporter.write_line("CPU expert kernel: FAILED: FREETOKEN_REQUIRE_ALL_KERNELS=1 "
+                                    "and some runnable kernels were never exercised")

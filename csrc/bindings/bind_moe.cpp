@@ -95,18 +95,25 @@ class MoeHandle {
   py::object out_;
 };
 
-// "fp32" -> false, "q8" -> true (4-bit banks only); ValueError otherwise.
-bool parse_activations(const std::string& activations, WeightFormat format,
-                       const std::string& format_name) {
-  if (activations == "fp32") return false;
-  if (activations != "q8") {
-    throw py::value_error("unknown activations '" + activations + "'; expected one of: fp32, q8");
+// "fp32", "q8" (4-bit banks only) or "bf16" (bf16 banks only); ValueError otherwise.
+Activations parse_activations(const std::string& activations, WeightFormat format,
+                              const std::string& format_name) {
+  if (activations == "fp32") return Activations::kFp32;
+  if (activations == "q8") {
+    if (format != WeightFormat::kMxfp4 && format != WeightFormat::kQ4g) {
+      throw py::value_error("activations='q8' needs 4-bit expert banks (mxfp4 or q4g), got " +
+                            format_name);
+    }
+    return Activations::kQ8;
   }
-  if (format != WeightFormat::kMxfp4 && format != WeightFormat::kQ4g) {
-    throw py::value_error("activations='q8' needs 4-bit expert banks (mxfp4 or q4g), got " +
-                          format_name);
+  if (activations == "bf16") {
+    if (format != WeightFormat::kBf16) {
+      throw py::value_error("activations='bf16' needs bf16 expert banks, got " + format_name);
+    }
+    return Activations::kBf16;
   }
-  return true;
+  throw py::value_error("unknown activations '" + activations +
+                        "'; expected one of: fp32, q8, bf16");
 }
 
 std::vector<int64_t> copy_i64(const TensorArg& t) {
@@ -121,7 +128,7 @@ std::unique_ptr<MoeHandle> submit_checked(const py::handle& x, const py::handle&
                                           const std::optional<std::string>& isa,
                                           const std::string& format_name,
                                           const std::string& activations) {
-  const bool act_q8 = parse_activations(activations, gu.bank.format, format_name);
+  const Activations act = parse_activations(activations, gu.bank.format, format_name);
   TensorArg xa = check_tensor(x, "x", "[T, H]", 2, {"float32", "bfloat16"});
   TensorArg ta = check_tensor(token_ids, "token_ids", "[P]", 1, {"int64"});
   TensorArg ea = check_tensor(expert_ids, "expert_ids", "[P]", 1, {"int64"});
@@ -161,7 +168,7 @@ std::unique_ptr<MoeHandle> submit_checked(const py::handle& x, const py::handle&
     throw py::value_error(e.what());
   }
   p.isa = resolve_isa(isa);
-  p.act_q8 = act_q8;
+  p.activations = act;
   const TorchRefs& torch = torch_refs();
   py::object out = torch.empty(p.num_tokens, h, py::arg("dtype") = torch.float32);
   p.out = reinterpret_cast<float*>(call_method(out, torch.data_ptr).cast<uintptr_t>());
@@ -258,6 +265,15 @@ void bind_moe(py::module_& m) {
     for (Isa s : supported_isas()) names.emplace_back(isa_name(s));
     return names;
   }, "ISA variants this CPU can run, best last.");
+  m.def("kernels", [] {
+    std::vector<py::tuple> rows;
+    const std::vector<uint64_t> uses = kernel_use_counts();
+    for (const RowsKernel& k : all_rows_kernels()) {
+      rows.push_back(py::make_tuple(std::string(k.name), std::string(isa_name(k.needs)),
+                                    uses[k.id]));
+    }
+    return rows;
+  }, "Every rows_dot kernel as (name, lowest ISA variant that runs it, calls in this process).");
 }
 
 }  // namespace freetoken::bindings

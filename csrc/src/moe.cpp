@@ -9,8 +9,9 @@
 // The vectors each ISA variant reads are packed into its VecLayout once per call: x before
 // phase 1, and act by the phase-1 task that computes it (I-chunks start at multiples of 16, so a
 // chunk packs on its own), so no variant permutes a vector per weight row.
-// With act_q8 the vectors are quantised to int8 blocks of 32 columns instead (freetoken/q8.h): x
-// once per call, act by the phase-1 task that computes it (I-chunks are then multiples of 32).
+// With Activations::kQ8 the vectors are quantised to int8 blocks of 32 columns instead
+// (freetoken/q8.h): x once per call, act by the phase-1 task that computes it (I-chunks are then
+// multiples of 32). With Activations::kBf16 the packed vectors are rounded to bf16 values first.
 #include "freetoken/moe.h"
 
 #include <algorithm>
@@ -54,6 +55,24 @@ float bf16_bits_to_f32(uint16_t bits) {
 }
 
 float silu(float g) { return g / (1.0f + expf(-g)); }
+
+// v rounded to the nearest bf16 value, ties to even (torch's float -> bfloat16), kept as fp32.
+float round_to_bf16(float v) {
+  uint32_t u;
+  std::memcpy(&u, &v, sizeof(u));
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) {
+    u |= 0x00400000u;  // NaN stays a (quiet) NaN
+  } else {
+    u += 0x7FFFu + ((u >> 16) & 1u);
+  }
+  u &= 0xFFFF0000u;
+  std::memcpy(&v, &u, sizeof(v));
+  return v;
+}
+
+void round_to_bf16(float* v, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) v[i] = round_to_bf16(v[i]);
+}
 
 // rows_dot arguments for rows [r0, r1) of expert n of bank b, whose matrices are [R, C].
 RowsDotArgs expert_rows(const WeightBank& b, int64_t n, int64_t R, int64_t C, int64_t r0,
@@ -130,9 +149,10 @@ void validate_routing(const MoeProblem& p) {
 
 void moe_forward(const MoeProblem& p, ThreadPool& pool) {
   const int64_t T = p.num_tokens, H = p.hidden, I = p.intermediate;
-  const bool q8 = p.act_q8;
+  const bool q8 = p.activations == Activations::kQ8;
+  const bool bf16_act = p.activations == Activations::kBf16;
   if (q8 && !(is_4bit(p.gate_up.format) && is_4bit(p.down.format))) {
-    throw std::invalid_argument("act_q8 needs 4-bit expert banks (mxfp4 or q4g)");
+    throw std::invalid_argument("q8 activations need 4-bit expert banks (mxfp4 or q4g)");
   }
   std::fill(p.out, p.out + T * H, 0.0f);
 
@@ -150,8 +170,12 @@ void moe_forward(const MoeProblem& p, ThreadPool& pool) {
     groups.back().end = s + 1;
   }
 
-  const VecLayout x_layout = vec_layout_for(p.isa, p.gate_up.format);
-  const VecLayout act_layout = vec_layout_for(p.isa, p.down.format);
+  const RowsKernel& gate_up_kernel = rows_kernel_for(p.isa, p.gate_up.format, p.activations);
+  const RowsKernel& down_kernel = rows_kernel_for(p.isa, p.down.format, p.activations);
+  note_kernel_use(gate_up_kernel);
+  if (down_kernel.id != gate_up_kernel.id) note_kernel_use(down_kernel);
+  const VecLayout x_layout = gate_up_kernel.layout;
+  const VecLayout act_layout = down_kernel.layout;
   std::vector<float> x_packed;  // bf16 inputs widened, and x in x_layout, once
   const float* x = static_cast<const float*>(p.x);
   const Q8Layout q8_layout = q8_layout_for(p.isa);
@@ -166,9 +190,12 @@ void moe_forward(const MoeProblem& p, ThreadPool& pool) {
   if (q8) {
     x_q = Q8Rows(q8_layout, T, H);
     for (int64_t t = 0; t < T; ++t) x_q.quantize(t, x_row(t), 0, H);
-  } else if (p.x_is_bf16 || x_layout != VecLayout::kNatural) {
+  } else if (p.x_is_bf16 || bf16_act || x_layout != VecLayout::kNatural) {
     x_packed.resize(T * H);
-    for (int64_t t = 0; t < T; ++t) pack_vector(x_layout, x_row(t), x_packed.data() + t * H, H);
+    for (int64_t t = 0; t < T; ++t) {
+      pack_vector(x_layout, x_row(t), x_packed.data() + t * H, H);
+      if (bf16_act && !p.x_is_bf16) round_to_bf16(x_packed.data() + t * H, H);
+    }
     x = x_packed.data();
   }
   const int64_t P = static_cast<int64_t>(order.size());
@@ -187,14 +214,15 @@ void moe_forward(const MoeProblem& p, ThreadPool& pool) {
       act_rows[s] = act.data() + s * I;
     }
   }
-  const RowsDotFn dot_gate_up =
-      q8 ? rows_dot_q8_for(p.isa, p.gate_up.format) : rows_dot_for(p.isa, p.gate_up.format);
-  const RowsDotFn dot_down =
-      q8 ? rows_dot_q8_for(p.isa, p.down.format) : rows_dot_for(p.isa, p.down.format);
+  const RowsDotFn dot_gate_up = gate_up_kernel.fn;
+  const RowsDotFn dot_down = down_kernel.fn;
   const int threads = pool.size();
 
   if (I > 0) {
-    const int64_t ci = chunk_rows(I, threads, q8 ? kQ8Block : 16);
+    // I-chunks start on a block of the act layout, so each task packs its segment on its own.
+    const int64_t align =
+        q8 ? kQ8Block : std::max<int64_t>(16, vec_layout_block(act_layout));
+    const int64_t ci = chunk_rows(I, threads, align);
     pool.parallel_for((I + ci - 1) / ci, [&](int64_t task) {
       const int64_t j0 = task * ci, j1 = std::min(I, j0 + ci), nj = j1 - j0;
       std::vector<float> g, u, a_row(nj);
@@ -224,6 +252,7 @@ void moe_forward(const MoeProblem& p, ThreadPool& pool) {
         }
         for (int64_t i = 0; i < n; ++i) {
           for (int64_t j = 0; j < nj; ++j) a_row[j] = silu(g[i * nj + j]) * u[i * nj + j];
+          if (bf16_act) round_to_bf16(a_row.data(), nj);
           if (q8) {
             act_q.quantize(grp.begin + i, a_row.data(), j0, j1);
           } else {

@@ -1,10 +1,11 @@
-// AVX-512-BF16 variant of rows_dot for bf16 weights: vectors rounded to bf16 (vcvtne2ps2bf16),
-// then vdpbf16ps accumulates pairs of bf16 products into fp32 lanes, 32 weights per instruction.
-// Vectors in column order (VecLayout::kNatural). Like the AVX2 tiles, each tile prefetches the
-// next row block (same columns, RB rows further) while it reads its own rows.
-// NOTE: not run on the machine this was last changed on (no AVX-512-BF16 there): compiled only.
-// Compiled with -mavx512f -mavx512bw -mavx512vl -mavx512bf16 (see setup_ext.py); called only
-// when the CPU reports all four.
+// AVX512_BF16 variant of rows_dot for bf16 weights and bf16 activations (Activations::kBf16):
+// vdpbf16ps accumulates pairs of bf16 products into fp32 lanes, 32 weights per instruction. The
+// vectors hold values that moe.cpp already rounded to bf16 (so vcvtne2ps2bf16 is exact), in
+// column order (VecLayout::kNatural); bf16 x bf16 products are exact in fp32, so only the fp32
+// additions round (and vdpbf16ps flushes denormal inputs and outputs to zero). Like the AVX2
+// tiles, each tile prefetches the next row block (same columns, RB rows further) while it reads
+// its own rows. Compiled with -mavx512f -mavx512bw -mavx512vl -mavx512bf16 (see setup_ext.py);
+// called only when the CPU reports all four.
 // NOTE: no shared inline/template symbols here (see rows_dot_avx2.cpp).
 // NOTE: GCC 12 warns (-Wuninitialized) inside its own avx512fintrin.h on _mm256_undefined_*().
 #pragma GCC diagnostic ignored "-Wuninitialized"
@@ -78,7 +79,7 @@ inline void row_block(const RowsDotArgs& a, int64_t r0) {
 
 }  // namespace
 
-void rows_dot_bf16_avx512(const RowsDotArgs& a) {
+void rows_dot_bf16_dpbf16(const RowsDotArgs& a) {
   int64_t r = a.row_begin;
   for (; r + 4 <= a.row_end; r += 4) row_block<4>(a, r);
   for (; r < a.row_end; ++r) row_block<1>(a, r);

@@ -54,7 +54,10 @@ class MoeConfig:
         cpu_activations: activations of the CPU expert kernel (the misses run on the CPU):
             ``fp32`` (exact up to fp32 summation order) or ``q8`` (int8 per 32-column block,
             exact integer block sums; faster, within ``freetoken.ops.cpu_moe.Q8_TOLERANCE`` of
-            fp32 per MoE layer). ``q8`` needs ``expert_format`` ``mxfp4`` or ``q4g``.
+            fp32 per MoE layer), ``q8`` needing ``expert_format`` ``mxfp4`` or ``q4g``; or ``bf16``
+            (activations rounded to bf16, ``vdpbf16ps`` on CPUs with AVX512_BF16; within
+            ``freetoken.ops.cpu_moe.BF16_TOLERANCE``), needing dense bf16 banks (the load
+            refuses a checkpoint whose banks would be fp32).
         memory_floor: free device memory to keep, as a size with a unit (``"2GiB"``), or None
             (no watcher). With a floor, a memory watcher
             (``freetoken.offload.watcher``) shrinks the expert cache when free memory drops below
@@ -62,7 +65,8 @@ class MoeConfig:
 
     Raises:
         ValueError: unknown backend / policy / split, bad cache spec, bad ratio or eta, unknown
-            ``cpu_activations`` or ``q8`` with dense banks, a bad ``memory_floor`` or one with
+            ``cpu_activations``, ``q8`` with dense banks or ``bf16`` with 4-bit ones, either
+            with ``resident``, a bad ``memory_floor`` or one with
             ``resident``.
     """
 
@@ -106,6 +110,12 @@ class MoeConfig:
         if self.cpu_activations == "q8" and self.expert_format not in ("mxfp4", "q4g"):
             raise ValueError(f"--moe-cpu-activations q8 needs 4-bit host expert banks: use "
                              f"--moe-expert-format mxfp4 or q4g (got {self.expert_format})")
+        if self.cpu_activations == "bf16" and self.backend == "resident":
+            raise ValueError("--moe-cpu-activations bf16 needs host expert banks: use "
+                             "--moe-backend cpu or hybrid")
+        if self.cpu_activations == "bf16" and self.expert_format != "dense":
+            raise ValueError(f"--moe-cpu-activations bf16 needs bf16 host expert banks: use "
+                             f"--moe-expert-format dense (got {self.expert_format})")
         if self.eta < 0 or self.log_every < 0:
             raise ValueError("eta and log_every must be >= 0")
         if self.memory_floor is not None:

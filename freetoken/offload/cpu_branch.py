@@ -2,9 +2,9 @@
 
 Runs the project's C++ kernel (``freetoken.ops.cpu_moe``: asynchronous, GIL released, persistent
 thread pool), which takes every bank format :class:`ExpertBanks` can hold (bf16, fp32, mxfp4,
-q4g), with fp32 activations or, for 4-bit banks, int8 ones (``activations="q8"``). A handle
-returns the gate-weighted per-token partial sums ``[T, H]`` in fp32 and how long
-the kernel worked, which the online split correction needs.
+q4g), with fp32 activations, int8 ones for 4-bit banks (``activations="q8"``) or bf16 ones for
+bf16 banks (``"bf16"``). A handle returns the gate-weighted per-token partial sums ``[T, H]`` in
+fp32 and how long the kernel worked, which the online split correction needs.
 """
 
 from __future__ import annotations
@@ -52,9 +52,9 @@ class CpuBranch:
 
     Args:
         banks: the host expert banks.
-        activations: the kernel's ``activations``: ``"fp32"`` or ``"q8"`` (4-bit banks only;
-            the kernel raises ValueError at the first submit otherwise; ``MoeConfig`` checks it
-            before loading).
+        activations: the kernel's ``activations``: ``"fp32"``, ``"q8"`` (4-bit banks only) or
+            ``"bf16"`` (bf16 banks only); the kernel raises ValueError at the first submit
+            otherwise (``MoeConfig`` and the loader check it before).
     """
 
     def __init__(self, banks: ExpertBanks, activations: str = "fp32") -> None:

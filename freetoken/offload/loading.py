@@ -140,6 +140,10 @@ def build_offloaded(model_cls: type[DecoderLM], config: ModelConfig, checkpoint:
         return None
     num_layers = sum(config.is_moe_layer(i) for i in range(config.num_hidden_layers))
     bdtype = bank_dtype(checkpoint, dtype, first_expert_tensor(config))
+    if moe.cpu_activations == "bf16" and bdtype != torch.bfloat16:
+        raise ValueError(f"--moe-cpu-activations bf16 needs bf16 host expert banks, but this "
+                         f"checkpoint's experts load as {str(bdtype).removeprefix('torch.')}: "
+                         f"use --moe-cpu-activations fp32")
     banks = ExpertBanks(num_layers, config.num_experts, config.hidden_size,
                         config.moe_intermediate_size, bdtype)
     stand_ins: list[OffloadedExperts] = []

@@ -71,6 +71,18 @@ def test_backend_generates_resident_tokens(tiny_checkpoint, resident_tokens, arc
         assert sum(l.evictions for l in s.layers) > NEW_TOKENS  # evicts on (almost) every step
 
 
+@pytest.mark.parametrize("arch", ["qwen3_next", "qwen3_moe"])
+def test_every_cpu_isa_generates_resident_tokens(tiny_checkpoint, resident_tokens, arch,
+                                                 every_cpu_isa):
+    """``cpu`` with a one-slot cache runs almost every expert on the CPU kernel: once per ISA
+    variant this CPU supports, the 64 tokens are the resident ones."""
+    model = load_model(tiny_checkpoint(arch), moe=MoeConfig(backend="cpu", cache="1"),
+                       device=DEVICE)
+    assert greedy(model) == resident_tokens(arch)
+    s = model.moe_runtime.stats()
+    assert sum(l.cpu_experts for l in s.layers) > NEW_TOKENS
+
+
 @pytest.mark.parametrize("backend", ["offload", "hybrid"])
 def test_live_resize_mid_generation(tiny_checkpoint, resident_tokens, backend):
     model = load_model(tiny_checkpoint("qwen3_next"), moe=MoeConfig(backend=backend, cache="8"),

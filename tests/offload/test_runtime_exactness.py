@@ -20,6 +20,9 @@ from freetoken.offload.scores import make_scores
 from freetoken.offload.split import PROBE_EVERY, MissSplit
 from freetoken.ops.cpu_moe import relative_rms_error
 
+# Every test runs once per CPU expert-kernel ISA variant this CPU supports.
+pytestmark = pytest.mark.usefixtures("every_cpu_isa")
+
 L, E, H, I, K = 2, 8, 40, 24, 3  # odd-ish sizes; N = 16 experts
 # The cache's device: cpu here; evals/gpu_check.sh reruns these tests with cuda.
 DEVICE = torch.device(os.environ.get("FREETOKEN_TEST_DEVICE", "cpu"))

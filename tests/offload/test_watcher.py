@@ -119,6 +119,7 @@ def test_checks_only_every_n_steps_and_calls_release_after_a_resize():
     assert runtime.cache.num_slots == 1  # 12 -> 8 -> 4 -> max(1, 0)
 
 
+@pytest.mark.usefixtures("every_cpu_isa")
 def test_outputs_stay_exact_across_watcher_resizes_under_eviction():
     banks, runtime, slot = setup(slots=6)
     floor = 6 * slot

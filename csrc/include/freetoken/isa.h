@@ -10,7 +10,16 @@
 
 namespace freetoken {
 
-enum class Isa : int { kScalar = 0, kAvx2 = 1, kAvx512Bf16 = 2 };
+// kAvx512: AVX-512F/BW/VL (plus AVX2, FMA, F16C); kAvx512Bf16: that plus AVX512_BF16.
+enum class Isa : int { kScalar = 0, kAvx2 = 1, kAvx512 = 2, kAvx512Bf16 = 3 };
+
+// What the expert matrices multiply (see csrc/README.md):
+//   kFp32: the fp32 activations as they are: exact products up to fp32 summation order.
+//   kQ8:   int8 blocks of 32 columns (freetoken/q8.h), 4-bit weights only.
+//   kBf16: the activations rounded to bf16 (round to nearest even) first, then fp32 sums of the
+//          products; on kAvx512Bf16 with bf16 weights via vdpbf16ps, elsewhere through the fp32
+//          kernel on the rounded values (the same numerical contract).
+enum class Activations : int { kFp32 = 0, kQ8 = 1, kBf16 = 2 };
 
 // How an expert bank stores its weights (see csrc/README.md "Weight formats").
 //   kBf16, kFp32: dense values, row-major [rows, k].
@@ -23,7 +32,7 @@ enum class WeightFormat : int { kBf16 = 0, kFp32 = 1, kMxfp4 = 2, kQ4g = 3 };
 // Short stable names used by the Python API and the FREETOKEN_CPU_MOE_ISA override.
 const char* isa_name(Isa isa);
 
-// Parses "scalar" / "avx2" / "avx512_bf16"; throws std::invalid_argument otherwise.
+// Parses "scalar" / "avx2" / "avx512" / "avx512_bf16"; throws std::invalid_argument otherwise.
 Isa parse_isa(const std::string& name);
 
 // Variants this CPU and OS can run, best last (scalar is always first).
@@ -40,12 +49,15 @@ Isa best_isa();
 //               0 2 .. 14 1 3 .. 15 (AVX2 bf16 decode).
 //   kNibble16:  within each full block of 16 columns: 0 4 8 12 1 5 9 13 2 6 10 14 3 7 11 15
 //               (AVX2 4-bit decode, rows_q4_avx2.cpp).
+//   kEvenOdd32: within each full block of 32 columns, the 16 even columns then the 16 odd ones
+//               (AVX-512 bf16 decode, rows_dot_avx512.cpp).
 // A trailing partial block stays in column order. Blocks start at column 0, so a segment
-// [j0, j1) with j0 a multiple of 16 (and j1 = k or a multiple of 16) can be packed on its own.
-enum class VecLayout : int { kNatural = 0, kEvenOdd16 = 1, kNibble16 = 2 };
+// [j0, j1) with j0 a multiple of the block (and j1 = k or a multiple of it) can be packed on its
+// own.
+enum class VecLayout : int { kNatural = 0, kEvenOdd16 = 1, kNibble16 = 2, kEvenOdd32 = 3 };
 
-// The layout rows_dot_for(isa, format) expects its vectors in.
-VecLayout vec_layout_for(Isa isa, WeightFormat format);
+// Columns per block of `layout` (1 for kNatural).
+int64_t vec_layout_block(VecLayout layout);
 
 // dst[0:k] = src[0:k] permuted into `layout` (dst != src). Portable code.
 void pack_vector(VecLayout layout, const float* src, float* dst, int64_t k);
@@ -64,9 +76,9 @@ struct Q8Vec {
 // for rows r in [row_begin, row_end) and vectors i in [0, num_vecs), where W is the [rows, k]
 // matrix that w (and, for 4-bit formats, scales / zeros) encode in `format`. Rows are contiguous:
 // row r starts at element r * k (dense) or byte r * k / 2 (4-bit; k is a multiple of `group`).
-// The vectors are given in the variant's layout (vec_layout_for; the sum is the same dot product,
-// only the order in which its terms are added differs). The AVX-512-BF16 bf16 variant rounds the
-// vectors to bf16 before the products; every other variant keeps fp32 vectors and fp32 sums.
+// The vectors are given in the kernel's layout (RowsKernel::layout; the sum is the same dot
+// product, only the order in which its terms are added differs). Every kernel keeps fp32 sums;
+// the vdpbf16ps kernel reads vectors that are already bf16 values (Activations::kBf16).
 struct RowsDotArgs {
   WeightFormat format = WeightFormat::kBf16;
   const void* w = nullptr;          // bf16 bits / fp32 values / packed 4-bit codes of row 0
@@ -77,7 +89,7 @@ struct RowsDotArgs {
   int64_t row_begin = 0;
   int64_t row_end = 0;
   const float* const* vecs = nullptr;  // num_vecs pointers to k fp32 values each (VecLayout)
-  const Q8Vec* qvecs = nullptr;        // q8 primitives (rows_dot_q8_for) only: num_vecs vectors
+  const Q8Vec* qvecs = nullptr;        // q8 kernels only: num_vecs vectors
   int64_t num_vecs = 0;
   float* out = nullptr;
   int64_t out_stride = 0;
@@ -91,7 +103,9 @@ void rows_dot_q4_scalar(const RowsDotArgs& a);   // kMxfp4 and kQ4g
 void rows_dot_bf16_avx2(const RowsDotArgs& a);
 void rows_dot_f32_avx2(const RowsDotArgs& a);
 void rows_dot_q4_avx2(const RowsDotArgs& a);     // kMxfp4 and kQ4g
-void rows_dot_bf16_avx512(const RowsDotArgs& a);
+void rows_dot_bf16_avx512(const RowsDotArgs& a);  // AVX-512F, VecLayout::kEvenOdd32
+void rows_dot_f32_avx512(const RowsDotArgs& a);   // AVX-512F, VecLayout::kNatural
+void rows_dot_bf16_dpbf16(const RowsDotArgs& a);  // AVX512_BF16, bf16-valued vectors, kNatural
 
 // q8 activations (4-bit formats only; freetoken/q8.h): per 32-column block b of a row, the exact
 // int32 sum of w_int * q over the block, then out += (float)isum * (d_b * w_scale), where the
@@ -99,12 +113,30 @@ void rows_dot_bf16_avx512(const RowsDotArgs& a);
 void rows_dot_q8_scalar(const RowsDotArgs& a);   // kMxfp4 and kQ4g, Q8Layout::kNatural
 void rows_dot_q8_avx2(const RowsDotArgs& a);     // kMxfp4 and kQ4g, Q8Layout::kPair64
 
-// The implementation of `isa` for `format`. The avx512_bf16 variant has its own code for bf16
-// weights only; for fp32 and 4-bit weights it runs the AVX2 code (a subset of its ISA).
-RowsDotFn rows_dot_for(Isa isa, WeightFormat format);
+// One implementation of the primitive: its function, the layout of the fp32 vectors it reads
+// (unused by the q8 kernels, which read Q8Layout q8_layout_for(isa)), its stable name (reported
+// by kernel_use_counts, e.g. "bf16_avx512") and the lowest variant whose ISA it needs.
+struct RowsKernel {
+  int id = 0;
+  RowsDotFn fn = nullptr;
+  VecLayout layout = VecLayout::kNatural;
+  const char* name = "";
+  Isa needs = Isa::kScalar;
+};
 
-// The q8 implementation of `isa` for a 4-bit `format` (reads RowsDotArgs::qvecs, not vecs); the
-// avx512_bf16 variant runs the AVX2 code. Throws std::invalid_argument for a dense format.
-RowsDotFn rows_dot_q8_for(Isa isa, WeightFormat format);
+// The kernel that variant `isa` runs for `format` with `act`:
+//   kFp32 and kBf16: scalar -> *_scalar; avx2 -> *_avx2; avx512 and avx512_bf16 -> bf16_avx512 /
+//     f32_avx512 for dense weights, q4_avx2 for 4-bit ones; except kBf16 with bf16 weights on
+//     avx512_bf16 -> bf16_dpbf16.
+//   kQ8: q8_scalar on scalar, q8_avx2 on every other variant; throws std::invalid_argument for a
+//     dense format.
+const RowsKernel& rows_kernel_for(Isa isa, WeightFormat format, Activations act);
+
+// Every kernel, in id order.
+const std::vector<RowsKernel>& all_rows_kernels();
+
+// Per-process count of moe_forward calls that ran each kernel (index = RowsKernel::id).
+void note_kernel_use(const RowsKernel& kernel);
+std::vector<uint64_t> kernel_use_counts();
 
 }  // namespace freetoken

@@ -44,17 +44,18 @@ struct MoeProblem {
   std::vector<float> weights;         // [P] gate weights
   float* out = nullptr;               // [T, H] fp32, fully overwritten
   Isa isa = Isa::kScalar;
-  // Int8 activations (freetoken/q8.h): x and silu(g) * u are quantised per 32-column block and
-  // each block's dot product with the 4-bit weights is an exact integer sum. Both banks must be
-  // mxfp4 or q4g (moe_forward throws std::invalid_argument otherwise). false: fp32 activations.
-  bool act_q8 = false;
+  // What x and silu(g) * u enter the matrices as (isa.h Activations): kFp32 as they are; kQ8 int8
+  // per 32-column block, each block's dot product with the 4-bit weights an exact integer sum
+  // (both banks mxfp4 or q4g, else moe_forward throws std::invalid_argument); kBf16 rounded to
+  // bf16 values (round to nearest even) with fp32 sums.
+  Activations activations = Activations::kFp32;
 };
 
 // Checks ids against T and N; throws std::invalid_argument with the offending position.
 void validate_routing(const MoeProblem& p);
 
 // Computes p.out on the pool; blocks until done. Results do not depend on the thread count.
-// Throws std::invalid_argument for act_q8 with a dense bank.
+// Throws std::invalid_argument for q8 activations with a dense bank.
 void moe_forward(const MoeProblem& p, ThreadPool& pool);
 
 // What submit() hands back: `done` becomes ready (or holds the exception) when the problem's out

@@ -11,11 +11,14 @@ released, return ``out [T, H]`` fp32, re-raise a kernel error), ``done()`` (neve
 submissions not included); ``-1.0`` until ``done()``.
 
 ``activations`` (every entry point): ``"fp32"`` (default) multiplies the weights with fp32
-activations, exactly up to fp32 summation order; ``"q8"`` (mxfp4 and q4g banks only) quantises
-the activations entering each matrix (``x``, then ``silu(g) * u``) to int8 per block of 32 columns
-and sums each block's products exactly in integers: faster, within
+activations, exactly up to fp32 summation order, on every ISA variant; ``"q8"`` (mxfp4 and q4g
+banks only) quantises the activations entering each matrix (``x``, then ``silu(g) * u``) to int8
+per block of 32 columns and sums each block's products exactly in integers: faster, within
 :data:`freetoken.ops.cpu_moe.Q8_TOLERANCE` of the fp32 result (reference:
-:func:`freetoken.ops.cpu_moe.reference_q8.cpu_moe_reference_q8`).
+:func:`freetoken.ops.cpu_moe.reference_q8.cpu_moe_reference_q8`); ``"bf16"`` (bf16 banks only)
+rounds those activations to bf16 (nearest even) and sums the exact products in fp32 (``vdpbf16ps``
+on ``avx512_bf16``), within :data:`freetoken.ops.cpu_moe.BF16_TOLERANCE` of the fp32 result
+(reference: ``cpu_moe_reference(..., activations="bf16")``).
 """
 
 from __future__ import annotations
@@ -56,10 +59,11 @@ def submit(
         weights: ``[P]`` fp32 gate (top-k) weight of each triple.
         gate_up: ``[N, 2I, H]`` bf16 or fp32 host bank, rows ``[0:I]`` gate, ``[I:2I]`` up.
         down: ``[N, H, I]`` host bank of the same dtype as ``gate_up``.
-        isa: ``"scalar"``, ``"avx2"`` or ``"avx512_bf16"``; ``None`` reads ``FREETOKEN_CPU_MOE_ISA``,
-            else the best variant this CPU supports (:func:`supported_isas`).
-        activations: ``"fp32"``; ``"q8"`` needs 4-bit banks (:func:`submit_banks`), so it is
-            always refused here (ValueError).
+        isa: ``"scalar"``, ``"avx2"``, ``"avx512"`` or ``"avx512_bf16"``; ``None`` reads
+            ``FREETOKEN_CPU_MOE_ISA``, else the best variant this CPU supports
+            (:func:`supported_isas`).
+        activations: ``"fp32"``; ``"bf16"`` with bf16 banks; ``"q8"`` needs 4-bit banks
+            (:func:`submit_banks`), so it is always refused here (ValueError).
 
     Returns:
         A handle whose ``wait()`` returns ``[T, H]`` fp32 gate-weighted partial sums, whose
@@ -70,8 +74,9 @@ def submit(
         TypeError: an argument is not a torch.Tensor or has the wrong dtype.
         ValueError: wrong device, rank, shape agreement or contiguity; ``gate_up`` and ``down``
             of different dtypes; an id out of range; an unknown or unsupported ``isa``; an unknown
-            ``activations`` (``unknown activations 'x'; expected one of: fp32, q8``) or ``"q8"``
-            (``activations='q8' needs 4-bit expert banks (mxfp4 or q4g), got bf16``).
+            ``activations`` (``unknown activations 'x'; expected one of: fp32, q8, bf16``),
+            ``"q8"`` (``activations='q8' needs 4-bit expert banks (mxfp4 or q4g), got bf16``) or
+            ``"bf16"`` with fp32 banks (``activations='bf16' needs bf16 expert banks, got fp32``).
     """
     return _ext.submit(x, token_ids, expert_ids, weights, gate_up, down, isa=isa,
                        activations=activations)
@@ -92,15 +97,16 @@ def submit_banks(
     4-bit weights are decoded inside the kernel, a 32-column block at a time (no dequantised copy
     of a matrix). Arguments other than ``banks`` and the result are as in :func:`submit`; the
     handle keeps every bank tensor alive until the work is done. ``activations="q8"`` (mxfp4 and
-    q4g only; see the module doc) quantises the activations to int8 blocks of 32 columns.
+    q4g only; see the module doc) quantises the activations to int8 blocks of 32 columns;
+    ``"bf16"`` (bf16 banks only) rounds them to bf16.
 
     Raises:
         TypeError: a non-tensor, or a bank tensor of the wrong dtype for ``banks.format``.
         ValueError: as :func:`submit`, plus bank tensors of the wrong rank, layout or device, or
             scale / zero-point shapes that do not match the codes (messages name the tensor,
-            e.g. ``down_scales``); ``activations`` other than ``"fp32"`` / ``"q8"``, or ``"q8"``
-            with bf16 / fp32 banks (``activations='q8' needs 4-bit expert banks (mxfp4 or q4g),
-            got fp32``).
+            e.g. ``down_scales``); ``activations`` other than ``"fp32"`` / ``"q8"`` / ``"bf16"``,
+            ``"q8"`` with bf16 / fp32 banks (``activations='q8' needs 4-bit expert banks (mxfp4
+            or q4g), got fp32``), or ``"bf16"`` with other than bf16 banks.
     """
     if not isinstance(banks, ExpertBankView):
         raise TypeError(f"banks must be an ExpertBankView, got {type(banks).__name__}")
@@ -158,6 +164,13 @@ def quantize_q8(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def supported_isas() -> tuple[str, ...]:
     """ISA variants this CPU can run, best last (``"scalar"`` is always first)."""
     return tuple(_ext.supported_isas())
+
+
+def kernels() -> tuple[tuple[str, str, int], ...]:
+    """Every ``rows_dot`` kernel of the extension as ``(name, isa, calls)``: its name (e.g.
+    ``"bf16_avx512"``), the lowest ISA variant that runs it, and how many kernel calls in this
+    process ran it (each call counts once per kernel it used)."""
+    return tuple((str(n), str(i), int(c)) for n, i, c in _ext.kernels())
 
 
 def num_threads() -> int:

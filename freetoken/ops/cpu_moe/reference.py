@@ -22,6 +22,8 @@ def cpu_moe_reference(
     weights: torch.Tensor,
     gate_up: torch.Tensor,
     down: torch.Tensor,
+    *,
+    activations: str = "fp32",
 ) -> torch.Tensor:
     """Gate-weighted SwiGLU expert outputs summed per token, in fp32, looping over experts.
 
@@ -32,19 +34,30 @@ def cpu_moe_reference(
         weights: ``[P]`` gate (top-k) weight of each triple.
         gate_up: ``[N, 2I, H]`` expert bank, rows ``[0:I]`` gate and ``[I:2I]`` up.
         down: ``[N, H, I]`` expert bank.
+        activations: ``"fp32"``, or ``"bf16"``: the kernel's ``activations="bf16"`` contract,
+            ``x`` and ``silu(g) * u`` rounded to bf16 (nearest even) before each matrix.
 
     Returns:
         ``[T, H]`` fp32 partial sums (zeros for tokens no triple names).
+
+    Raises:
+        ValueError: ``activations`` is neither ``"fp32"`` nor ``"bf16"``.
     """
+    if activations not in ("fp32", "bf16"):
+        raise ValueError(f"activations must be 'fp32' or 'bf16', got {activations!r}")
+
+    def entering(v: torch.Tensor) -> torch.Tensor:  # what a matrix multiplies
+        return v.bfloat16().float() if activations == "bf16" else v
+
     t, h = x.shape
     i = down.shape[2]
     out = torch.zeros(t, h, dtype=torch.float32)
-    xf = x.float()
+    xf = entering(x.float())
     for e in torch.unique(expert_ids[expert_ids >= 0]).tolist():
         sel = (expert_ids == e).nonzero().flatten()  # [n]
         tok = token_ids[sel]  # [n]
         gu = xf[tok] @ gate_up[e].float().t()  # [n, 2I]
-        act = F.silu(gu[:, :i]) * gu[:, i:]  # [n, I]
+        act = entering(F.silu(gu[:, :i]) * gu[:, i:])  # [n, I]
         y = act @ down[e].float().t()  # [n, H]
         out.index_add_(0, tok, y * weights[sel].float()[:, None])
     return out
@@ -56,19 +69,23 @@ def cpu_moe_reference_banks(
     expert_ids: torch.Tensor,
     weights: torch.Tensor,
     banks: ExpertBankView,
+    *,
+    activations: str = "fp32",
 ) -> torch.Tensor:
     """:func:`cpu_moe_reference` on ``banks`` dequantised to fp32 (exactly; any format).
 
-    Returns ``[T, H]`` fp32; the arguments are as in :func:`freetoken.ops.cpu_moe.cpu.submit_banks`.
+    Returns ``[T, H]`` fp32; the arguments are as in :func:`freetoken.ops.cpu_moe.cpu.submit_banks`
+    (``activations`` ``"fp32"`` or ``"bf16"``).
     """
     gate_up, down = banks.dequantize()
-    return cpu_moe_reference(x, token_ids, expert_ids, weights, gate_up, down)
+    return cpu_moe_reference(x, token_ids, expert_ids, weights, gate_up, down,
+                             activations=activations)
 
 
 def relative_rms_error(ref: torch.Tensor, out: torch.Tensor) -> float:
     """``rms(out - ref) / rms(ref)`` in fp64; ``inf`` if ``out`` has a NaN/inf, 0 for two zeros.
 
-    The error metric that :data:`freetoken.ops.cpu_moe.TOLERANCE` bounds.
+    The error metric the tolerances of :mod:`freetoken.ops.cpu_moe` bound.
     """
     if not torch.isfinite(out).all():
         return float("inf")

@@ -1,0 +1,59 @@
+"""Which ``rows_dot`` kernel each ISA variant runs (csrc isa.h ``rows_kernel_for``), observed
+through the extension's per-kernel call counts, so a variant cannot silently fall back to
+another's code. Every variant this CPU supports is checked."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from freetoken.ops.cpu_moe import build_banks
+from freetoken.ops.cpu_moe.cpu import cpu_moe_banks, kernels, supported_isas
+
+ISAS = supported_isas()
+
+# (isa, format, activations) -> the kernel(s) it must run, from isa.h.
+EXPECTED = {
+    "scalar": {("bf16", "fp32"): "bf16_scalar", ("fp32", "fp32"): "f32_scalar",
+               ("q4g", "fp32"): "q4_scalar", ("q4g", "q8"): "q8_scalar",
+               ("bf16", "bf16"): "bf16_scalar"},
+    "avx2": {("bf16", "fp32"): "bf16_avx2", ("fp32", "fp32"): "f32_avx2",
+             ("q4g", "fp32"): "q4_avx2", ("q4g", "q8"): "q8_avx2",
+             ("bf16", "bf16"): "bf16_avx2"},
+    "avx512": {("bf16", "fp32"): "bf16_avx512", ("fp32", "fp32"): "f32_avx512",
+               ("q4g", "fp32"): "q4_avx2", ("q4g", "q8"): "q8_avx2",
+               ("bf16", "bf16"): "bf16_avx512"},
+    "avx512_bf16": {("bf16", "fp32"): "bf16_avx512", ("fp32", "fp32"): "f32_avx512",
+                    ("q4g", "fp32"): "q4_avx2", ("q4g", "q8"): "q8_avx2",
+                    ("bf16", "bf16"): "bf16_dpbf16"},
+}
+
+
+def _counts() -> dict[str, int]:
+    return {name: calls for name, _, calls in kernels()}
+
+
+def test_kernel_table_names_every_variant():
+    table = kernels()
+    names = [n for n, _, _ in table]
+    assert len(names) == len(set(names)) == 11
+    assert {i for _, i, _ in table} == {"scalar", "avx2", "avx512", "avx512_bf16"}
+    expected = {k for per_isa in EXPECTED.values() for k in per_isa.values()}
+    assert expected == set(names)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("fmt,act", [("bf16", "fp32"), ("fp32", "fp32"), ("q4g", "fp32"),
+                                     ("q4g", "q8"), ("bf16", "bf16")])
+def test_variant_runs_its_own_kernel(isa, fmt, act):
+    g = torch.Generator().manual_seed(0)
+    banks = build_banks(torch.randn(3, 64, 64, generator=g), torch.randn(3, 64, 32, generator=g),
+                        fmt)
+    x = torch.randn(2, 64, generator=g)
+    tri = (torch.tensor([0, 1]), torch.tensor([0, 2]), torch.tensor([0.5, 0.5]))
+    before = _counts()
+    cpu_moe_banks(x, *tri, banks, isa=isa, activations=act)
+    after = _counts()
+    ran = {n for n in after if after[n] != before[n]}
+    assert ran == {EXPECTED[isa][(fmt, act)]}
+    assert after[EXPECTED[isa][(fmt, act)]] == before[EXPECTED[isa][(fmt, act)]] + 1
