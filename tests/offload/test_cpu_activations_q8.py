@@ -36,21 +36,27 @@ def _logits(model, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
     return out
 
 
+def teacher_forced_errors(ref_model, model) -> list[float]:
+    """Per-step relative RMS of ``model``'s logits against ``ref_model``'s, both fed the prompt
+    and then ``ref_model``'s greedy tokens (teacher forcing), STEPS steps."""
+    runtime = ref_model.moe_runtime
+    state, inputs = ref_model.new_state(), [PROMPT]
+    for _ in range(STEPS - 1):
+        runtime.begin_step()
+        token = int(ref_model(inputs[-1], state)[-1].argmax())
+        runtime.end_step()
+        inputs.append(torch.tensor([token]))
+    ref, got = _logits(ref_model, inputs), _logits(model, inputs)
+    return [relative_rms_error(a, b) for a, b in zip(ref, got)]
+
+
 def test_q8_logits_stay_close_to_fp32_activations(tiny_checkpoint):
     path = tiny_checkpoint("qwen3_next")
     models = {act: load_model(path, moe=MoeConfig(backend="cpu", cache="1", expert_format="q4g",
                                                   cpu_activations=act))
               for act in ("fp32", "q8")}
     assert models["q8"].moe_runtime.cpu.activations == "q8"
-    runtime = models["fp32"].moe_runtime
-    state, inputs = models["fp32"].new_state(), [PROMPT]
-    for _ in range(STEPS - 1):  # the fp32 run's greedy tokens feed both runs (teacher forcing)
-        runtime.begin_step()
-        token = int(models["fp32"](inputs[-1], state)[-1].argmax())
-        runtime.end_step()
-        inputs.append(torch.tensor([token]))
-    ref, got = _logits(models["fp32"], inputs), _logits(models["q8"], inputs)
-    errors = [relative_rms_error(a, b) for a, b in zip(ref, got)]
+    errors = teacher_forced_errors(models["fp32"], models["q8"])
     assert all(0 < e <= LOGITS_BOUND for e in errors), errors  # > 0: the q8 path really ran
     stats = models["q8"].moe_runtime.stats()
     assert sum(layer.cpu_experts for layer in stats.layers) > 0

@@ -22,22 +22,9 @@ from freetoken.ops.cpu_moe import (
 )
 from freetoken.ops.cpu_moe.cpu import cpu_moe, cpu_moe_banks, kernels, supported_isas
 from freetoken.ops.cpu_moe.rounding import bf16_accumulation_error
+from tests.ops.test_cpu_moe import _banks, _topk_triples
 
 ISAS = supported_isas()
-
-
-def _banks(n: int, h: int, i: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    gate_up = (torch.randn(n, 2 * i, h, generator=g) / h**0.5).bfloat16()  # [N, 2I, H]
-    down = (torch.randn(n, h, i, generator=g) / i**0.5).bfloat16()  # [N, H, I]
-    return gate_up, down
-
-
-def _topk_triples(t: int, n: int, k: int, seed: int) -> tuple[torch.Tensor, ...]:
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.stack([torch.randperm(n, generator=g)[:k] for _ in range(t)])  # [T, K]
-    w = torch.rand(t, k, generator=g).softmax(-1)  # [T, K]
-    return torch.arange(t).repeat_interleave(k), ids.flatten(), w.flatten()
 
 
 def _calls(name: str) -> int:
