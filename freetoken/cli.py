@@ -42,8 +42,10 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                    help="seconds after which an idle harness session expires (default 3600)")
     p.add_argument("--max-sessions", type=int_at_least(1), default=1024,
                    help="most harness sessions kept (least recently used dropped; default 1024)")
-    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
-                   help="compute dtype (default float32)")
+    p.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
+                   help="compute dtype; auto (default): the checkpoint's own (config.json "
+                        "torch_dtype: bfloat16 for bf16 and fp16 checkpoints, else float32); "
+                        "float32 for exact parity with transformers")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     _add_cache_options(p)
     _add_moe_options(p)

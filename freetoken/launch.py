@@ -85,6 +85,24 @@ def _interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
+def checkpoint_compute_dtype(path: Path) -> str:
+    """``--dtype auto``: ``"bfloat16"`` when the checkpoint's ``config.json`` says it is stored in
+    bf16 or fp16 (``torch_dtype`` / ``dtype``; fp16 computes in bf16, which has its range), else
+    ``"float32"``.
+
+    Raises:
+        FileNotFoundError: no ``config.json``. ValueError: it is not valid JSON.
+    """
+    import json
+
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path / 'config.json'} is not valid JSON: {exc}") from exc
+    stored = config.get("torch_dtype") or config.get("dtype")
+    return "bfloat16" if stored in ("bfloat16", "float16") else "float32"
+
+
 def check_moe_flags(args: argparse.Namespace):
     """Validate the device and MoE flags before anything loads; returns the ``MoeConfig``.
 
@@ -203,6 +221,8 @@ def serve(args: argparse.Namespace) -> int:
     try:
         moe = check_moe_flags(args)
         path = resolve_model(args.model)
+        if args.dtype == "auto":
+            args.dtype = checkpoint_compute_dtype(path)
         name = args.served_model_name or path.name
         config = ServerConfig(served_model_name=name, max_output_tokens=args.max_output_tokens,
                               api_key=args.api_key,

@@ -9,6 +9,7 @@
 #include <optional>
 #include <stdexcept>
 
+#include "freetoken/linear.h"
 #include "freetoken/moe.h"
 #include "freetoken/q8.h"
 #include "bank_args.h"
@@ -214,6 +215,37 @@ std::unique_ptr<MoeHandle> submit_banks(const py::handle& x, const py::handle& t
                         check_bank(format, down, "down", "[N, H, I]"), isa, format, activations);
 }
 
+// out [T, R] fp32 = x [T, C] @ w [R, C]^T (dense bf16 / fp32 w), blocking, GIL released; queued
+// behind earlier MoE submissions on the same pool.
+py::object linear(const py::handle& x, const py::handle& w, const std::optional<std::string>& isa) {
+  TensorArg xa = check_tensor(x, "x", "[T, C]", 2, {"float32", "bfloat16"});
+  TensorArg wa = check_tensor(w, "w", "[R, C]", 2, {"float32", "bfloat16"});
+  if (xa.shape[1] != wa.shape[1]) {
+    throw py::value_error("x " + shape_str(xa.shape) + " and w " + shape_str(wa.shape) +
+                          " disagree on C (the input features)");
+  }
+  LinearProblem p;
+  p.x = xa.data;
+  p.x_is_bf16 = xa.is_bf16;
+  p.rows = xa.shape[0];
+  p.in = xa.shape[1];
+  p.out_features = wa.shape[0];
+  p.format = wa.is_bf16 ? WeightFormat::kBf16 : WeightFormat::kFp32;
+  p.w = wa.data;
+  p.isa = resolve_isa(isa);
+  const TorchRefs& torch = torch_refs();
+  py::object out = torch.empty(p.rows, p.out_features, py::arg("dtype") = torch.float32);
+  p.out = reinterpret_cast<float*>(call_method(out, torch.data_ptr).cast<uintptr_t>());
+  MoeRunner& r = runner();
+  {
+    py::gil_scoped_release release;
+    MoeTicket ticket = r.submit_work([p](ThreadPool& pool) { linear_forward(p, pool); });
+    r.wait(ticket);
+    ticket.done.get();
+  }
+  return out;
+}
+
 // The q8 block quantiser on v [R, C] fp32 in column order (tests compare it with the torch one).
 py::tuple quantize_q8_natural(const py::handle& v) {
   TensorArg va = check_tensor(v, "v", "[R, C]", 2, {"float32"});
@@ -254,6 +286,9 @@ void bind_moe(py::module_& m) {
         py::arg("weights"), py::arg("format"), py::arg("gate_up"), py::arg("down"),
         py::arg("isa") = py::none(), py::arg("activations") = "fp32",
         "submit() for banks in any format: gate_up / down are tuples of tensors (bank_args.h).");
+  m.def("linear", &linear, py::arg("x"), py::arg("w"), py::arg("isa") = py::none(),
+        "Dense linear at decode sizes: x [T, C] fp32/bf16 @ w [R, C]^T (bf16 or fp32, "
+        "contiguous CPU) -> [T, R] fp32, on the kernel's pool (blocking, GIL released).");
   m.def("quantize_q8", &quantize_q8_natural, py::arg("v"),
         "Block int8 quantisation (freetoken/q8.h) of v [R, C] fp32 contiguous CPU, C a multiple "
         "of 32: returns (q [R, C] int8, d [R, C/32] fp32), column order.");

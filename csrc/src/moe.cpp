@@ -311,8 +311,12 @@ MoeRunner::~MoeRunner() {
 }
 
 MoeTicket MoeRunner::submit(MoeProblem p) {
+  return submit_work([p = std::move(p)](ThreadPool& pool) { moe_forward(p, pool); });
+}
+
+MoeTicket MoeRunner::submit_work(std::function<void(ThreadPool&)> work) {
   auto job = std::make_unique<Job>();
-  job->problem = std::move(p);
+  job->work = std::move(work);
   job->seconds = std::make_shared<double>(-1.0);
   MoeTicket ticket{job->done.get_future().share(), job->seconds, 0};
   {
@@ -342,7 +346,7 @@ void MoeRunner::run_job(std::unique_ptr<Job> job) {
   const auto start = std::chrono::steady_clock::now();
   std::exception_ptr error;
   try {
-    moe_forward(job->problem, pool_);
+    job->work(pool_);
   } catch (...) {
     error = std::current_exception();
   }

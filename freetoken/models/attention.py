@@ -25,6 +25,7 @@ from freetoken.models.loader import WeightTarget
 from freetoken.models.norms import RMSNorm
 from freetoken.models.rotary import RotaryTable, apply_rotary
 from freetoken.models.state import KVCache
+from freetoken.ops.linear import linear
 
 
 @dataclass(frozen=True)
@@ -130,7 +131,7 @@ class Attention(nn.Module):
             ``[T, H]`` attention output after ``o_proj``.
         """
         t = x.shape[0]
-        qkv = F.linear(x, self.qkv_weight)
+        qkv = linear(x, self.qkv_weight)
         nq = self.nh * self.hd
         q = self.q_norm(qkv[:, :nq].view(t, self.nh, self.hd))
         k = self.k_norm(qkv[:, self.q_rows : self.q_rows + self.kv_rows].view(t, self.nkv, self.hd))
@@ -138,6 +139,11 @@ class Attention(nn.Module):
         q = apply_rotary(q, ctx.cos, ctx.sin)
         k = apply_rotary(k, ctx.cos, ctx.sin)
         keys, values = cache.append(k, v)
+        if t == 1:
+            out = self._decode_attention(q[0], keys, values).to(x.dtype)
+            if self.gated:
+                out = out * torch.sigmoid(qkv[:, nq : 2 * nq])
+            return linear(out, self.o_weight)
         out = F.scaled_dot_product_attention(
             q.transpose(0, 1).unsqueeze(0),
             keys.unsqueeze(0),
@@ -150,4 +156,18 @@ class Attention(nn.Module):
         out = out[0].transpose(0, 1).reshape(t, nq)
         if self.gated:
             out = out * torch.sigmoid(qkv[:, nq : 2 * nq])
-        return F.linear(out, self.o_weight)
+        return linear(out, self.o_weight)
+
+    def _decode_attention(self, q: torch.Tensor, keys: torch.Tensor,
+                          values: torch.Tensor) -> torch.Tensor:
+        """One query token against ``n`` cached ones, in fp32: ``q [nh, hd]``, ``keys`` /
+        ``values [nkv, n, hd]`` -> ``[1, nh * hd]`` fp32.
+
+        Query head ``h`` reads K/V head ``h // (nh / nkv)`` (GQA, as SDPA's ``enable_gqa``); two
+        small batched matmuls and an fp32 softmax, far cheaper at decode than SDPA's CPU kernel.
+        """
+        group = self.nh // self.nkv
+        qg = q.float().view(self.nkv, group, self.hd)  # [nkv, g, hd]
+        scores = torch.bmm(qg, keys.float().transpose(1, 2)) * self.scale  # [nkv, g, n]
+        probs = torch.softmax(scores, dim=-1)
+        return torch.bmm(probs, values.float()).reshape(1, self.nh * self.hd)

@@ -32,6 +32,7 @@ from freetoken.models.norms import RMSNorm
 from freetoken.models.paged import PagedKV, SlotTable
 from freetoken.models.rotary import RotaryTable
 from freetoken.models.state import GDNState, HybridState, KVCache
+from freetoken.ops.linear import linear
 
 ExpertsFactory = Callable[[int, int], nn.Module]
 DEFAULT_PREFILL_CHUNK = 1024
@@ -330,9 +331,9 @@ class DecoderLM(CausalLM):
             for s in range(0, ids.shape[0], self.prefill_chunk):
                 h = self._run_chunk(ids[s : s + self.prefill_chunk], state)
                 if all_logits:
-                    outputs.append(F.linear(self.norm(h), self.lm_head).float())
+                    outputs.append(linear(self.norm(h), self.lm_head).float())
             if not all_logits:
-                outputs.append(F.linear(self.norm(h[-1:]), self.lm_head).float())
+                outputs.append(linear(self.norm(h[-1:]), self.lm_head).float())
         return outputs[0] if len(outputs) == 1 else torch.cat(outputs)
 
     def forward_batch(self, inputs: list[torch.Tensor],
@@ -421,4 +422,4 @@ class DecoderLM(CausalLM):
                                          for o, snap in ctx.snapshots.items()})
                 state.num_tokens += ids.shape[0]
             last = torch.tensor(bounds[1:], device=device) - 1
-            return F.linear(self.norm(h.index_select(0, last)), self.lm_head).float()
+            return linear(self.norm(h.index_select(0, last)), self.lm_head).float()

@@ -24,6 +24,7 @@ from freetoken.models.norms import gated_rms_norm
 from freetoken.models.state import GDNState
 from freetoken.ops.causal_conv import causal_conv1d
 from freetoken.ops.gated_delta_rule import chunk_gated_delta_rule, recurrent_gated_delta_rule
+from freetoken.ops.linear import linear
 
 L2_EPS = 1e-6
 
@@ -120,7 +121,7 @@ class GatedDeltaNet(nn.Module):
             ``[T, H]`` output after ``out_proj``.
         """
         t = x.shape[0]
-        proj = F.linear(x, self.in_weight)
+        proj = linear(x, self.in_weight)
         c, vd = self.conv_dim, self.value_dim
         capture = getattr(ctx, "capture", ())
         conv_before = state.conv.clone() if capture else None
@@ -139,7 +140,7 @@ class GatedDeltaNet(nn.Module):
             rule = recurrent_gated_delta_rule if t == 1 else chunk_gated_delta_rule
             core = rule(q, k, v, g, beta, state.recurrent)
         out = gated_rms_norm(core.to(x.dtype), z, self.norm_weight, self.eps)
-        return F.linear(out.reshape(t, vd), self.out_weight)
+        return linear(out.reshape(t, vd), self.out_weight)
 
     def _segments(self, q, k, v, g, beta, state: GDNState, conv_in: torch.Tensor,
                   conv_before: torch.Tensor, ctx) -> torch.Tensor:

@@ -13,12 +13,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from freetoken.models.config import ModelConfig
 from freetoken.models.loader import WeightTarget
 from freetoken.models.moe_forward import ExpertWeights, swiglu
+from freetoken.ops.linear import linear
 
 
 def _param(*shape: int, dtype: torch.dtype, device=None) -> nn.Parameter:
@@ -117,7 +117,7 @@ class SparseMoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``[T, H]`` -> ``[T, H]`` routed experts (+ gated shared expert)."""
-        logits = F.linear(x, self.router)
+        logits = linear(x, self.router)
         ids, weights = self.route(logits[:, : self.num_experts])
         if self.routing_observer is not None:
             self.routing_observer(self.moe_layer, ids)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from freetoken.cli import build_parser, main
-from freetoken.launch import base_url, serve
+from freetoken.launch import base_url, checkpoint_compute_dtype, serve
 
 
 @pytest.mark.parametrize(
@@ -77,7 +77,7 @@ def test_unloadable_model_is_one_error_line(tiny_checkpoint, capsys):
     )
     assert serve(args) == 2
     out = capsys.readouterr().out.splitlines()
-    assert out[0] == f"[freetoken] loading {path} (float32, cpu)"
+    assert out[0] == f"[freetoken] loading {path} (bfloat16, cpu)"  # --dtype auto: stored bf16
     assert out[-1] == (
         f"[freetoken] error: cannot load {path}: max_model_len must be in [2, {limit}] for "
         f"{path}, got 999999999"
@@ -136,3 +136,20 @@ def test_q8_with_offload_notes_that_it_has_no_effect(capsys):
     assert capsys.readouterr().out == (
         "[freetoken] note: --moe-cpu-activations q8 has no effect: --moe-backend offload fills "
         "every miss into the cache, so the CPU expert kernel never runs\n")
+
+
+@pytest.mark.parametrize("stored,key,expected", [
+    ("bfloat16", "torch_dtype", "bfloat16"), ("float16", "torch_dtype", "bfloat16"),
+    ("float32", "torch_dtype", "float32"), ("bfloat16", "dtype", "bfloat16"),
+    (None, "torch_dtype", "float32"),
+])
+def test_dtype_auto_is_the_checkpoint_dtype(tmp_path, stored, key, expected):
+    (tmp_path / "config.json").write_text(json.dumps({} if stored is None else {key: stored}))
+    assert checkpoint_compute_dtype(tmp_path) == expected
+    assert build_parser().parse_args(["serve"]).dtype == "auto"
+
+
+def test_dtype_auto_with_a_broken_config_is_a_clear_error(tmp_path):
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(ValueError, match="config.json is not valid JSON"):
+        checkpoint_compute_dtype(tmp_path)

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <future>
 #include <memory>
 #include <mutex>
@@ -84,6 +85,10 @@ class MoeRunner {
   // ticket's future is ready.
   MoeTicket submit(MoeProblem p);
 
+  // Queues any work that runs on the pool (e.g. linear_forward) in the same order as the MoE
+  // problems, so the two never share the pool at once.
+  MoeTicket submit_work(std::function<void(ThreadPool&)> work);
+
   // Blocks until t's problem is done (then t.done is ready; it holds any error). If the problem
   // has not started, is the next in submission order and no other problem is running, the
   // calling thread runs it on the pool instead of waking the dispatcher and sleeping.
@@ -91,7 +96,7 @@ class MoeRunner {
 
  private:
   struct Job {
-    MoeProblem problem;
+    std::function<void(ThreadPool&)> work;
     std::promise<void> done;
     std::shared_ptr<double> seconds;
     uint64_t id = 0;

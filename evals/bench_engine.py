@@ -1,0 +1,195 @@
+"""Engine benchmark: FreeToken's server against llama.cpp's llama-server on identical weights.
+
+Both engines serve the same checkpoint (FreeToken the safetensors with **default flags**,
+llama.cpp a GGUF written by ``evals/peers/convert_gguf.py`` in the checkpoint's own dtype) one
+after the other on 127.0.0.1, and each gets the same streamed ``/v1/completions`` requests
+(greedy, ``ignore_eos``). Per prompt length it reports, for each engine:
+
+* decode ms/token: (last token's arrival - first token's arrival) / (tokens - 1) of a
+  ``--tokens``-token completion, the median over ``--repeats`` runs;
+* prefill tok/s: prompt tokens / time to first token (the prompt is new to both engines: every
+  run's prompt starts with a different token, so no prefix cache applies);
+
+and the ratio llama.cpp / FreeToken of each (decode: ms ratio, >= 1 means FreeToken is at least
+as fast; prefill: tok/s ratio FreeToken / llama.cpp). The prompts are random token ids of the
+checkpoint's vocabulary (both engines get the ids, so tokenisers cannot differ).
+
+llama.cpp comes from ``evals/peers/build_llamacpp_tools.sh`` (its own llama-server, built once
+from the llama.cpp source in the llama-cpp-python sdist, ~20 min on 2 cores). The checkpoint
+defaults to the seeded ``small`` qwen3_moe preset (``freetoken make-tiny``; qwen3_next has no
+GGUF converter yet). Run: ``python -m evals.bench_engine [--prompts 16,512,2048] [--json F]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parent.parent
+PEERS = REPO / "evals" / "peers"
+
+
+def _tools() -> tuple[Path, Path]:
+    """(llama.cpp bin folder, python with gguf) from build_llamacpp_tools.sh."""
+    out = subprocess.run(["bash", str(PEERS / "build_llamacpp_tools.sh")], check=True,
+                         capture_output=True, text=True).stdout
+    values = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+    return Path(values["BIN"]), Path(values["GGUF_PYTHON"])
+
+
+def _gguf(model: Path, gguf_python: Path, outtype: str) -> Path:
+    digest = hashlib.sha256((PEERS / "convert_gguf.py").read_bytes())
+    for name in ("config.json", "freetoken_tiny.json"):
+        if (model / name).exists():
+            digest.update((model / name).read_bytes())
+    key = f"{model.resolve()} {digest.hexdigest()}"
+    cache = Path(os.environ.get("FREETOKEN_CACHE", Path.home() / ".cache" / "freetoken"))
+    path = cache / "peers" / "gguf" / f"{model.name}-bench-{outtype}.gguf"
+    stamp = path.with_suffix(".key")
+    if not (path.exists() and stamp.exists() and stamp.read_text() == key):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run([str(gguf_python), str(PEERS / "convert_gguf.py"), str(model), str(path),
+                        "--outtype", outtype], check=True, stdout=subprocess.DEVNULL)
+        stamp.write_text(key)
+    return path
+
+
+def _wait_ready(url: str, proc: subprocess.Popen, timeout: float = 600.0) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise TimeoutError(f"{url} not ready after {timeout} s")
+
+
+def _stream(url: str, prompt: list[int], tokens: int) -> tuple[float, float, int]:
+    """(seconds to first token, seconds first -> last token, completion tokens)."""
+    body = {"model": "m", "prompt": prompt, "max_tokens": tokens, "temperature": 0,
+            "stream": True, "ignore_eos": True, "stream_options": {"include_usage": True}}
+    t0 = time.perf_counter()
+    first = last = None
+    count = 0
+    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=600) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            now = time.perf_counter()
+            if chunk.get("choices") and chunk["choices"][0].get("text") is not None:
+                first = first or now
+                last = now
+            usage = chunk.get("usage")
+            if usage:
+                count = usage.get("completion_tokens", count)
+    if first is None:
+        raise RuntimeError("no token streamed")
+    return first - t0, last - first, count
+
+
+def measure(url: str, prompt_lens: list[int], tokens: int, repeats: int, vocab: int,
+            seed: int) -> dict[int, dict[str, float]]:
+    """Per prompt length: median decode ms/token and prefill tok/s over ``repeats`` runs."""
+    rng = random.Random(seed)
+    _stream(url, [rng.randrange(vocab) for _ in range(8)], 4)  # warm-up
+    out = {}
+    for n in prompt_lens:
+        decode, prefill = [], []
+        for _ in range(repeats):
+            prompt = [rng.randrange(vocab) for _ in range(n)]
+            ttft, span, count = _stream(url, prompt, tokens)
+            decode.append(1e3 * span / max(count - 1, 1))
+            prefill.append(n / ttft)
+        out[n] = {"decode_ms": statistics.median(decode), "prefill_tok_s": statistics.median(prefill)}
+    return out
+
+
+def run_engine(cmd: list[str], url: str, args: argparse.Namespace, vocab: int,
+               env: dict | None = None) -> dict[int, dict[str, float]]:
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, env=env)
+    try:
+        _wait_ready(url, proc)
+        return measure(url, args.prompts, args.tokens, args.repeats, vocab, args.seed)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", type=Path, default=None,
+                    help="checkpoint (default: the cached small qwen3_moe preset)")
+    ap.add_argument("--prompts", default="16,512,2048", help="comma list of prompt lengths")
+    ap.add_argument("--tokens", type=int, default=64, help="completion tokens per request")
+    ap.add_argument("--repeats", type=int, default=3, help="requests per prompt length")
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1,
+                    help="llama.cpp threads (FreeToken picks its own)")
+    ap.add_argument("--freetoken-args", default="", help="extra flags for freetoken serve")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", type=Path, default=None, help="also write the results here")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    args.prompts = [int(p) for p in args.prompts.split(",") if p]
+    if args.model is None:
+        from freetoken.models.tiny import cached_tiny
+
+        args.model = cached_tiny("qwen3_moe", "small", progress=print)
+    config = json.loads((args.model / "config.json").read_text())
+    vocab = min(config["vocab_size"], 8192)  # prompt ids: ordinary tokens, never the specials
+    outtype = "bf16" if config.get("torch_dtype") == "bfloat16" else "f32"
+    bin_dir, gguf_python = _tools()
+    gguf = _gguf(args.model, gguf_python, outtype)
+    ctx = max(args.prompts) + args.tokens + 64
+    ft_port, ll_port = 8431, 8432
+    ft = run_engine([sys.executable, "-m", "freetoken", "serve", "--model", str(args.model),
+                     "--port", str(ft_port), *args.freetoken_args.split()],
+                    f"http://127.0.0.1:{ft_port}", args, vocab)
+    env = dict(os.environ, LD_LIBRARY_PATH=str(bin_dir))
+    ll = run_engine([str(bin_dir / "llama-server"), "-m", str(gguf), "--port", str(ll_port),
+                     "-t", str(args.threads), "-c", str(ctx), "-np", "1", "--no-webui"],
+                    f"http://127.0.0.1:{ll_port}", args, vocab, env)
+    rows = []
+    print(f"model {args.model.name} ({outtype}), {args.tokens} tokens, median of {args.repeats}; "
+          f"freetoken serve {args.freetoken_args or '(defaults)'}; llama-server -t {args.threads}")
+    print(f"{'prompt':>7} {'decode ms/tok FT':>17} {'llama.cpp':>10} {'ratio':>6}   "
+          f"{'prefill tok/s FT':>17} {'llama.cpp':>10} {'ratio':>6}")
+    for n in args.prompts:
+        a, b = ft[n], ll[n]
+        row = dict(prompt=n, freetoken_decode_ms=a["decode_ms"], llamacpp_decode_ms=b["decode_ms"],
+                   decode_ratio=b["decode_ms"] / a["decode_ms"],
+                   freetoken_prefill_tok_s=a["prefill_tok_s"],
+                   llamacpp_prefill_tok_s=b["prefill_tok_s"],
+                   prefill_ratio=a["prefill_tok_s"] / b["prefill_tok_s"])
+        rows.append(row)
+        print(f"{n:>7} {a['decode_ms']:>17.2f} {b['decode_ms']:>10.2f} {row['decode_ratio']:>6.2f}   "
+              f"{a['prefill_tok_s']:>17.0f} {b['prefill_tok_s']:>10.0f} {row['prefill_ratio']:>6.2f}")
+    if args.json:
+        args.json.write_text(json.dumps({"model": str(args.model), "rows": rows,
+                                         "freetoken_args": args.freetoken_args}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
