@@ -134,14 +134,29 @@ def run_engine(cmd: list[str], url: str, args: argparse.Namespace, vocab: int,
             proc.kill()
 
 
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _lengths(text: str) -> list[int]:
+    return [_positive(p) for p in text.split(",") if p.strip()] or [_positive("")]
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", type=Path, default=None,
                     help="checkpoint (default: the cached small qwen3_moe preset)")
-    ap.add_argument("--prompts", default="16,512,2048", help="comma list of prompt lengths")
-    ap.add_argument("--tokens", type=int, default=64, help="completion tokens per request")
-    ap.add_argument("--repeats", type=int, default=3, help="requests per prompt length")
-    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1,
+    ap.add_argument("--prompts", type=_lengths, default="16,512,2048",
+                    help="comma list of prompt lengths")
+    ap.add_argument("--tokens", type=_positive, default=64, help="completion tokens per request")
+    ap.add_argument("--repeats", type=_positive, default=3, help="requests per prompt length")
+    ap.add_argument("--threads", type=_positive, default=os.cpu_count() or 1,
                     help="llama.cpp threads (FreeToken picks its own)")
     ap.add_argument("--freetoken-args", default="", help="extra flags for freetoken serve")
     ap.add_argument("--seed", type=int, default=0)
@@ -150,8 +165,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    args.prompts = [int(p) for p in args.prompts.split(",") if p]
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.model is not None and not (args.model / "config.json").is_file():
+        parser.error(f"--model {args.model}: not a checkpoint directory (no config.json)")
     if args.model is None:
         from freetoken.models.tiny import cached_tiny
 
