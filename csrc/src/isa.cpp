@@ -3,6 +3,7 @@
 
 #include <array>
 #include <atomic>
+#include <cstring>
 #include <stdexcept>
 
 namespace freetoken {
@@ -51,6 +52,13 @@ int64_t vec_layout_block(VecLayout layout) {
     case VecLayout::kEvenOdd32: return 32;
   }
   return 1;
+}
+
+void widen_bf16(const uint16_t* src, float* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t u = static_cast<uint32_t>(src[i]) << 16;  // a bf16 is the top half of an fp32
+    std::memcpy(dst + i, &u, sizeof(float));
+  }
 }
 
 void pack_vector(VecLayout layout, const float* src, float* dst, int64_t k) {

@@ -4,7 +4,6 @@
 #include "freetoken/linear.h"
 
 #include <algorithm>
-#include <cstring>
 #include <stdexcept>
 #include <vector>
 
@@ -12,7 +11,6 @@ namespace freetoken {
 
 namespace {
 
-constexpr int64_t kTasksPerThread = 4;
 constexpr int64_t kRowAlign = 4;  // the kernels' row tile
 
 }  // namespace
@@ -34,19 +32,13 @@ void linear_forward(const LinearProblem& p, ThreadPool& pool) {
   for (int64_t t = 0; t < T; ++t) {
     const float* src = static_cast<const float*>(p.x) + t * C;
     if (p.x_is_bf16) {
-      const auto* xb = static_cast<const uint16_t*>(p.x) + t * C;
-      for (int64_t c = 0; c < C; ++c) {
-        const uint32_t u = static_cast<uint32_t>(xb[c]) << 16;
-        std::memcpy(&row[c], &u, sizeof(float));
-      }
+      widen_bf16(static_cast<const uint16_t*>(p.x) + t * C, row.data(), C);
       src = row.data();
     }
     pack_vector(kernel.layout, src, packed.data() + t * C, C);
     vecs[t] = packed.data() + t * C;
   }
-  const int64_t target = kTasksPerThread * pool.size();
-  int64_t chunk = (R + target - 1) / target;
-  chunk = std::max<int64_t>(kRowAlign, (chunk + kRowAlign - 1) / kRowAlign * kRowAlign);
+  const int64_t chunk = chunk_rows(R, pool.size(), kRowAlign);
   pool.parallel_for((R + chunk - 1) / chunk, [&](int64_t task) {
     const int64_t r0 = task * chunk, r1 = std::min(R, r0 + chunk);
     RowsDotArgs a;

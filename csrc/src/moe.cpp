@@ -28,31 +28,13 @@ namespace freetoken {
 
 namespace {
 
-constexpr int64_t kTasksPerThread = 4;
-
 struct Group {
   int64_t expert;
   int64_t begin;  // range in the expert-sorted triple order
   int64_t end;
 };
 
-// Rows per task: enough tasks to balance the pool (and to let a thread that the OS delays hand
-// its share to the others), few enough to amortize the per-task overhead; a multiple of `align`.
-int64_t chunk_rows(int64_t rows, int threads, int64_t align) {
-  const int64_t target_tasks = kTasksPerThread * static_cast<int64_t>(threads);
-  int64_t chunk = (rows + target_tasks - 1) / target_tasks;
-  chunk = std::max<int64_t>(align, (chunk + align - 1) / align * align);
-  return std::min(chunk, rows);
-}
-
 bool is_4bit(WeightFormat f) { return f == WeightFormat::kMxfp4 || f == WeightFormat::kQ4g; }
-
-float bf16_bits_to_f32(uint16_t bits) {
-  uint32_t u = static_cast<uint32_t>(bits) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof(f));
-  return f;
-}
 
 float silu(float g) { return g / (1.0f + expf(-g)); }
 
@@ -183,8 +165,7 @@ void moe_forward(const MoeProblem& p, ThreadPool& pool) {
   std::vector<float> row(p.x_is_bf16 ? H : 0);
   const auto x_row = [&](int64_t t) -> const float* {  // token t as fp32 (bf16 widened)
     if (!p.x_is_bf16) return x + t * H;
-    const auto* xb = static_cast<const uint16_t*>(p.x) + t * H;
-    for (int64_t h = 0; h < H; ++h) row[h] = bf16_bits_to_f32(xb[h]);
+    widen_bf16(static_cast<const uint16_t*>(p.x) + t * H, row.data(), H);
     return row.data();
   };
   if (q8) {

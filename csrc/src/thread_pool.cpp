@@ -1,5 +1,6 @@
 #include "freetoken/thread_pool.h"
 
+#include <algorithm>
 #include <chrono>
 #include <fstream>
 #include <set>
@@ -156,6 +157,14 @@ void ThreadPool::worker_loop() {
     seen = static_cast<uint32_t>(ticket_.load(std::memory_order_acquire) >> 32);
     run_tasks(seen);
   }
+}
+
+int64_t chunk_rows(int64_t rows, int threads, int64_t align) {
+  constexpr int64_t kTasksPerThread = 4;
+  const int64_t target_tasks = kTasksPerThread * static_cast<int64_t>(threads);
+  int64_t chunk = (rows + target_tasks - 1) / target_tasks;
+  chunk = std::max<int64_t>(align, (chunk + align - 1) / align * align);
+  return std::min(chunk, rows);
 }
 
 }  // namespace freetoken

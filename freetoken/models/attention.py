@@ -141,19 +141,16 @@ class Attention(nn.Module):
         keys, values = cache.append(k, v)
         if t == 1:
             out = self._decode_attention(q[0], keys, values).to(x.dtype)
-            if self.gated:
-                out = out * torch.sigmoid(qkv[:, nq : 2 * nq])
-            return linear(out, self.o_weight)
-        out = F.scaled_dot_product_attention(
-            q.transpose(0, 1).unsqueeze(0),
-            keys.unsqueeze(0),
-            values.unsqueeze(0),
-            attn_mask=ctx.mask,
-            is_causal=ctx.is_causal,
-            scale=self.scale,
-            enable_gqa=self.nh != self.nkv,
-        )
-        out = out[0].transpose(0, 1).reshape(t, nq)
+        else:
+            out = F.scaled_dot_product_attention(
+                q.transpose(0, 1).unsqueeze(0),
+                keys.unsqueeze(0),
+                values.unsqueeze(0),
+                attn_mask=ctx.mask,
+                is_causal=ctx.is_causal,
+                scale=self.scale,
+                enable_gqa=self.nh != self.nkv,
+            )[0].transpose(0, 1).reshape(t, nq)
         if self.gated:
             out = out * torch.sigmoid(qkv[:, nq : 2 * nq])
         return linear(out, self.o_weight)

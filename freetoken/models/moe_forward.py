@@ -15,7 +15,7 @@ from torch import nn
 
 from freetoken.models.loader import WeightTarget
 from freetoken.ops.cpu_moe.cpu import cpu_moe
-from freetoken.ops.linear import KERNEL_MAX_ROWS, linear
+from freetoken.ops.linear import cpu_kernel_fits, linear
 
 
 class ExpertWeights(nn.Module):
@@ -99,12 +99,13 @@ def grouped_swiglu(
     Returns:
         ``[T, H]`` (zeros where every entry of a token is skipped).
 
-    On the CPU with at most ``KERNEL_MAX_ROWS`` tokens (decode) every entry runs in one call of
+    On the CPU with at most ``freetoken.ops.linear.KERNEL_MAX_ROWS`` tokens (decode, the rule of
+    ``cpu_kernel_fits``) every entry runs in one call of
     the C++ expert kernel (``freetoken.ops.cpu_moe``: each routed expert's weights streamed once,
     fp32 activations and sums), the result cast to ``hidden``'s dtype.
     """
     t, k = expert_ids.shape
-    if _kernel_fits(hidden, gate_up, down):
+    if cpu_kernel_fits(hidden, gate_up, down):
         tok = torch.arange(t).repeat_interleave(k)
         out = cpu_moe(hidden.contiguous(), tok, expert_ids.flatten(),
                       weights.flatten().float(), gate_up, down)
@@ -135,14 +136,6 @@ def grouped_swiglu(
             start += count
     y_sorted *= weights.flatten().index_select(0, order)[:, None]
     return torch.zeros_like(hidden).index_add_(0, token_of, y_sorted)
-
-
-def _kernel_fits(hidden: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> bool:
-    return (hidden.device.type == "cpu" and gate_up.device.type == "cpu"
-            and hidden.shape[0] <= KERNEL_MAX_ROWS and gate_up.dtype == down.dtype
-            and gate_up.dtype in (torch.float32, torch.bfloat16)
-            and hidden.dtype in (torch.float32, torch.bfloat16)
-            and gate_up.is_contiguous() and down.is_contiguous())
 
 
 def moe_forward(

@@ -59,6 +59,9 @@ enum class VecLayout : int { kNatural = 0, kEvenOdd16 = 1, kNibble16 = 2, kEvenO
 // Columns per block of `layout` (1 for kNatural).
 int64_t vec_layout_block(VecLayout layout);
 
+// dst[0:n] = the bf16 values whose bit patterns are src[0:n], as fp32 (exact). Portable code.
+void widen_bf16(const uint16_t* src, float* dst, int64_t n);
+
 // dst[0:k] = src[0:k] permuted into `layout` (dst != src). Portable code.
 void pack_vector(VecLayout layout, const float* src, float* dst, int64_t k);
 

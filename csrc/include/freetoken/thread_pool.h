@@ -20,6 +20,11 @@ int physical_core_count();
 // of size n starts n - 1 workers. Between loops a worker spins for a few tens of microseconds
 // (kSpinMicros) before it sleeps on a condition variable: the two phases of one MoE call, and
 // calls that follow each other closely, then start without a futex wake-up per worker.
+// Rows per task when `rows` rows are split over a pool of `threads`: enough tasks (4 per thread)
+// to balance the pool and to let a thread that the OS delays hand its share to the others, few
+// enough to amortize the per-task overhead; a multiple of `align`, at most `rows`.
+int64_t chunk_rows(int64_t rows, int threads, int64_t align);
+
 class ThreadPool {
  public:
   // A pool of num_threads threads (at least 1): the caller of parallel_for and num_threads - 1

@@ -5,8 +5,9 @@ scale ``d``) before the down matrix. The kernel and the torch reference compute 
 fp32 in different summation orders, so an element lying within that difference of a rounding
 boundary may round up in one and down in the other: one step of ``act`` (a bf16 ulp, or ``d``)
 times its column of the down matrix, far above the fp32 summation bound when it happens (measured
-5e-4 relative RMS for one q8 element at H = 2048, I = 768). The references therefore also return
-the elements that could round either way (``RoundingCandidates``), and
+5e-4 relative RMS for one q8 element at H = 2048, I = 768). :func:`bf16_rounding_candidates` and
+:func:`q8_rounding_candidates` therefore list, beside the references, the elements that could
+round either way (``RoundingCandidates``), and
 :func:`relative_rms_error_up_to_rounding` removes from the residual the combination of those
 alternatives that best explains it before measuring it, so the accumulation bounds stay tight.
 

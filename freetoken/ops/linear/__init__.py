@@ -39,12 +39,20 @@ def kernel_linear(x: torch.Tensor, w: torch.Tensor, *, isa: str | None = None) -
     return _ext.linear(x, w, isa=isa)
 
 
+def cpu_kernel_fits(x: torch.Tensor, *weights: torch.Tensor) -> bool:
+    """Whether the C++ kernels take this decode-size work: ``x [T, ...]`` with
+    ``T <= KERNEL_MAX_ROWS`` and contiguous ``weights``, all on the CPU and all fp32 or all bf16
+    (the rule :func:`linear` and the resident-expert path ``grouped_swiglu`` share)."""
+    return (x.device.type == "cpu" and x.shape[0] <= KERNEL_MAX_ROWS
+            and x.dtype in _KERNEL_DTYPES
+            and all(w.device.type == "cpu" and w.dtype == x.dtype and w.is_contiguous()
+                    for w in weights))
+
+
 def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """``F.linear(x, w)`` (``x [T, C]``, ``w [R, C]``, the same dtype; result ``[T, R]`` in that
     dtype), on the C++ kernel for small T on the CPU (module doc), else ``F.linear``."""
-    if (x.device.type == "cpu" and w.device.type == "cpu" and x.dim() == 2
-            and x.shape[0] <= KERNEL_MAX_ROWS and x.dtype == w.dtype
-            and w.dtype in _KERNEL_DTYPES and w.dim() == 2 and w.is_contiguous()):
+    if x.dim() == 2 and w.dim() == 2 and cpu_kernel_fits(x, w):
         out = _ext.linear(x.contiguous(), w)
         return out if x.dtype == torch.float32 else out.to(x.dtype)
     return F.linear(x, w)
