@@ -20,6 +20,8 @@ ISA_FLAGS = {
     "rows_dot_avx2": ["-mavx2", "-mfma", "-mf16c"],
     "rows_q4_avx2": ["-mavx2", "-mfma", "-mf16c"],
     "rows_q8_avx2": ["-mavx2", "-mfma", "-mf16c"],
+    "attend_avx2": ["-mavx2", "-mfma", "-mf16c"],
+    "attend_avx512": ["-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl"],
     "rows_dot_avx512": ["-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl"],
     "rows_dot_avx512_bf16": ["-mavx2", "-mfma", "-mavx512f", "-mavx512bw", "-mavx512vl",
                              "-mavx512bf16"],

@@ -16,8 +16,10 @@ checkpoint's vocabulary (both engines get the ids, so tokenisers cannot differ).
 
 llama.cpp comes from ``evals/peers/build_llamacpp_tools.sh`` (its own llama-server, built once
 from the llama.cpp source in the llama-cpp-python sdist, ~20 min on 2 cores). The checkpoint
-defaults to the seeded ``small`` qwen3_moe preset (``freetoken make-tiny``; qwen3_next has no
-GGUF converter yet). Run: ``python -m evals.bench_engine [--prompts 16,512,2048] [--json F]``.
+defaults to the seeded ``small`` qwen3_moe preset (``freetoken make-tiny``); ``--model`` takes any
+qwen3_moe or qwen3_next checkpoint the converter maps (e.g. ``~/.cache/freetoken/models/
+small-qwen3_next``, llama.cpp arch ``qwen3next``). Run: ``python -m evals.bench_engine
+[--model DIR] [--prompts 16,512,2048] [--json F]``.
 """
 
 from __future__ import annotations
@@ -48,7 +50,9 @@ def _tools() -> tuple[Path, Path]:
 
 
 def _gguf(model: Path, gguf_python: Path, outtype: str) -> Path:
-    digest = hashlib.sha256((PEERS / "convert_gguf.py").read_bytes())
+    digest = hashlib.sha256()
+    for name in ("convert_gguf.py", "gguf_vocab.py", "safetensors_np.py"):  # the converter
+        digest.update((PEERS / name).read_bytes())
     for name in ("config.json", "freetoken_tiny.json"):
         if (model / name).exists():
             digest.update((model / name).read_bytes())
@@ -151,7 +155,8 @@ def _lengths(text: str) -> list[int]:
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", type=Path, default=None,
-                    help="checkpoint (default: the cached small qwen3_moe preset)")
+                    help="qwen3_moe or qwen3_next checkpoint (default: the cached small qwen3_moe "
+                         "preset)")
     ap.add_argument("--prompts", type=_lengths, default="16,512,2048",
                     help="comma list of prompt lengths")
     ap.add_argument("--tokens", type=_positive, default=64, help="completion tokens per request")

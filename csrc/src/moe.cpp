@@ -5,7 +5,9 @@
 // rows [I+j0, I+j1) of every routed expert and writes act = silu(g) * u for each triple. Phase 2
 // splits the H axis: a task reads down rows [h0, h1) of every routed expert and accumulates
 // w * y into out[t, h0:h1], which only it writes, so no atomics are needed and the summation order
-// (experts ascending, then triple order) does not depend on the thread count.
+// (experts ascending, then triple order) does not depend on the thread count. With at least two
+// routed experts per thread (decode) one task per expert runs both phases for that expert
+// instead, bit-identical (see moe_forward).
 // The vectors each ISA variant reads are packed into its VecLayout once per call: x before
 // phase 1, and act by the phase-1 task that computes it (I-chunks start at multiples of 16, so a
 // chunk packs on its own), so no variant permutes a vector per weight row.
@@ -37,24 +39,6 @@ struct Group {
 bool is_4bit(WeightFormat f) { return f == WeightFormat::kMxfp4 || f == WeightFormat::kQ4g; }
 
 float silu(float g) { return g / (1.0f + expf(-g)); }
-
-// v rounded to the nearest bf16 value, ties to even (torch's float -> bfloat16), kept as fp32.
-float round_to_bf16(float v) {
-  uint32_t u;
-  std::memcpy(&u, &v, sizeof(u));
-  if ((u & 0x7FFFFFFFu) > 0x7F800000u) {
-    u |= 0x00400000u;  // NaN stays a (quiet) NaN
-  } else {
-    u += 0x7FFFu + ((u >> 16) & 1u);
-  }
-  u &= 0xFFFF0000u;
-  std::memcpy(&v, &u, sizeof(v));
-  return v;
-}
-
-void round_to_bf16(float* v, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) v[i] = round_to_bf16(v[i]);
-}
 
 // rows_dot arguments for rows [r0, r1) of expert n of bank b, whose matrices are [R, C].
 RowsDotArgs expert_rows(const WeightBank& b, int64_t n, int64_t R, int64_t C, int64_t r0,
@@ -199,48 +183,92 @@ void moe_forward(const MoeProblem& p, ThreadPool& pool) {
   const RowsDotFn dot_down = down_kernel.fn;
   const int threads = pool.size();
 
+  // Gate rows [j0, j1) and up rows [I+j0, I+j1) of group gi's expert for its tokens, then
+  // act = silu(g) * u of those columns, rounded / quantised / packed as the down kernel reads it.
+  // `prefetch` warms the first rows of the next call (this expert's up rows, or the next
+  // expert's gate rows) while one runs. g, u, a_row: scratch.
+  const auto gate_up_act = [&](size_t gi, int64_t j0, int64_t j1, bool prefetch,
+                               std::vector<float>& g, std::vector<float>& u,
+                               std::vector<float>& a_row) {
+    const Group& grp = groups[gi];
+    const int64_t n = grp.end - grp.begin, nj = j1 - j0;
+    g.resize(n * nj);
+    u.resize(n * nj);
+    a_row.resize(nj);
+    for (int half = 0; half < 2; ++half) {
+      if (prefetch && half == 0) {
+        prefetch_first_rows(p.gate_up, grp.expert, 2 * I, H, I + j0, I + j1);
+      } else if (prefetch && gi + 1 < groups.size()) {
+        prefetch_first_rows(p.gate_up, groups[gi + 1].expert, 2 * I, H, j0, j1);
+      }
+      RowsDotArgs a = expert_rows(p.gate_up, grp.expert, 2 * I, H, half * I + j0, half * I + j1);
+      if (q8) {
+        a.qvecs = x_qrows.data() + grp.begin;
+      } else {
+        a.vecs = x_rows.data() + grp.begin;
+      }
+      a.num_vecs = n;
+      a.out = half ? u.data() : g.data();
+      a.out_stride = nj;
+      dot_gate_up(a);
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t j = 0; j < nj; ++j) a_row[j] = silu(g[i * nj + j]) * u[i * nj + j];
+      if (bf16_act) round_to_bf16(a_row.data(), nj);
+      if (q8) {
+        act_q.quantize(grp.begin + i, a_row.data(), j0, j1);
+      } else {
+        pack_vector(act_layout, a_row.data(), act.data() + (grp.begin + i) * I + j0, nj);
+      }
+    }
+  };
+
+  // With at least two routed experts per thread (decode), one task per expert reads its gate/up
+  // rows and then its down rows front to back (two long streams instead of many short ones) and
+  // keeps its outputs apart; they add into out in sorted triple order, the order phase 2 adds
+  // in, and every row's dot product is the same as in the chunked phases (chunks start on
+  // multiples of the row tile), so the two schedules give bit-identical results.
+  if (groups.size() >= static_cast<size_t>(2 * threads)) {
+    std::vector<float> y_all(P * H);
+    pool.parallel_for(static_cast<int64_t>(groups.size()), [&](int64_t gi) {
+      const Group& grp = groups[gi];
+      const int64_t n = grp.end - grp.begin;
+      if (I > 0) {
+        std::vector<float> g, u, a_row;
+        gate_up_act(gi, 0, I, false, g, u, a_row);
+        RowsDotArgs d = expert_rows(p.down, grp.expert, H, I, 0, H);
+        if (q8) {
+          d.qvecs = act_qrows.data() + grp.begin;
+        } else {
+          d.vecs = act_rows.data() + grp.begin;
+        }
+        d.num_vecs = n;
+        d.out = y_all.data() + grp.begin * H;
+        d.out_stride = H;
+        dot_down(d);
+      } else {
+        std::fill(y_all.begin() + grp.begin * H, y_all.begin() + grp.end * H, 0.0f);
+      }
+    });
+    for (int64_t s = 0; s < P; ++s) {
+      const int64_t triple = order[s];
+      const float wt = p.weights[triple];
+      float* o = p.out + p.token_ids[triple] * H;
+      const float* y = y_all.data() + s * H;
+      for (int64_t h = 0; h < H; ++h) o[h] += wt * y[h];
+    }
+    return;
+  }
+
   if (I > 0) {
     // I-chunks start on a block of the act layout, so each task packs its segment on its own.
     const int64_t align =
         q8 ? kQ8Block : std::max<int64_t>(16, vec_layout_block(act_layout));
     const int64_t ci = chunk_rows(I, threads, align);
     pool.parallel_for((I + ci - 1) / ci, [&](int64_t task) {
-      const int64_t j0 = task * ci, j1 = std::min(I, j0 + ci), nj = j1 - j0;
-      std::vector<float> g, u, a_row(nj);
-      for (size_t gi = 0; gi < groups.size(); ++gi) {
-        const Group& grp = groups[gi];
-        const int64_t n = grp.end - grp.begin;
-        g.resize(n * nj);
-        u.resize(n * nj);
-        for (int half = 0; half < 2; ++half) {  // gate rows [j0, j1), then up rows [I+j0, I+j1)
-          // The next call's rows: this expert's up rows, or the next expert's gate rows.
-          if (half == 0) {
-            prefetch_first_rows(p.gate_up, grp.expert, 2 * I, H, I + j0, I + j1);
-          } else if (gi + 1 < groups.size()) {
-            prefetch_first_rows(p.gate_up, groups[gi + 1].expert, 2 * I, H, j0, j1);
-          }
-          RowsDotArgs a = expert_rows(p.gate_up, grp.expert, 2 * I, H, half * I + j0,
-                                      half * I + j1);
-          if (q8) {
-            a.qvecs = x_qrows.data() + grp.begin;
-          } else {
-            a.vecs = x_rows.data() + grp.begin;
-          }
-          a.num_vecs = n;
-          a.out = half ? u.data() : g.data();
-          a.out_stride = nj;
-          dot_gate_up(a);
-        }
-        for (int64_t i = 0; i < n; ++i) {
-          for (int64_t j = 0; j < nj; ++j) a_row[j] = silu(g[i * nj + j]) * u[i * nj + j];
-          if (bf16_act) round_to_bf16(a_row.data(), nj);
-          if (q8) {
-            act_q.quantize(grp.begin + i, a_row.data(), j0, j1);
-          } else {
-            pack_vector(act_layout, a_row.data(), act.data() + (grp.begin + i) * I + j0, nj);
-          }
-        }
-      }
+      const int64_t j0 = task * ci, j1 = std::min(I, j0 + ci);
+      std::vector<float> g, u, a_row;
+      for (size_t gi = 0; gi < groups.size(); ++gi) gate_up_act(gi, j0, j1, true, g, u, a_row);
     });
   }
 

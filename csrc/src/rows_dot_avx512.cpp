@@ -9,7 +9,10 @@
 //  - fp32: 32 weights (two 64-byte loads) per step, column order; the tail masked likewise.
 // Each tile holds RB rows x TB vectors of accumulators over the whole reduction (two per pair
 // when the tile is small, so that the FMA latency is hidden at decode, TB = 1), reuses every
-// vector load for RB rows, and prefetches the next row block while it reads this one.
+// vector load for RB rows, and prefetches the next row block while it reads this one. One or two
+// vectors (decode) run one row at a time with no software prefetch instead: one sequential stream
+// that the hardware prefetcher follows, measured 1.4x the bandwidth of four interleaved rows on a
+// 2-core Zen 4 (the same accumulators per row, so the same sums).
 // NOTE: no shared inline/template symbols here (see rows_dot_avx2.cpp).
 // NOTE: GCC 12 warns (-Wuninitialized) inside its own avx512fintrin.h on _mm256_undefined_*().
 #pragma GCC diagnostic ignored "-Wuninitialized"
@@ -59,7 +62,7 @@ inline void tile(const RowsDotArgs& a, int64_t r0, int64_t i0) {
   const int64_t k32 = a.k & ~int64_t{31};
   for (int64_t k = 0; k < k32; k += 32) {
     for (int64_t c = 0; c < 32; c += kLine) {
-      for (int r = 0; r < RB; ++r) {
+      for (int r = 0; r < RB && RB > 1; ++r) {
         _mm_prefetch(reinterpret_cast<const char*>(rows[r] + ahead + k + c), _MM_HINT_T0);
       }
     }
@@ -112,6 +115,10 @@ inline void row_block(const RowsDotArgs& a, int64_t r0) {
 template <typename T>
 inline void rows_dot_dense(const RowsDotArgs& a) {
   int64_t r = a.row_begin;
+  if (a.num_vecs <= 2) {  // decode: one row at a time (see the file comment)
+    for (; r < a.row_end; ++r) row_block<T, 1>(a, r);
+    return;
+  }
   for (; r + 4 <= a.row_end; r += 4) row_block<T, 4>(a, r);
   for (; r < a.row_end; ++r) row_block<T, 1>(a, r);
 }

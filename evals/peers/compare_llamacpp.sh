@@ -4,6 +4,8 @@
 # Usage: bash evals/peers/compare_llamacpp.sh [options]
 #
 # Options (default in brackets):
+#   --arch FAMILY         qwen3_moe or qwen3_next: FreeToken's seeded `small` preset of that family,
+#                         converted to llama.cpp's qwen3moe / qwen3next [qwen3_moe]
 #   --limit-turns N       model calls replayed per workload, positive integer [8]
 #   --workloads "W1 W2"   workloads to replay, any of W1 W2 W3 W4 ["W1 W2"]
 #   --traces DIR          traces folder passed to evals/run.py [$FREETOKEN_SHARED/traces, else
@@ -29,7 +31,7 @@
 # Steps (each one logged to DIR/log/):
 #  1. evals/peers/install_llamacpp.sh: llama-cpp-python[server] built from PyPI source into its own
 #     cached venv ($FREETOKEN_CACHE/peers/, never the project .venv) + gguf==0.19.0.
-#  2. FreeToken's `small` qwen3_moe checkpoint (make-tiny, cached under $FREETOKEN_CACHE/models).
+#  2. FreeToken's `small` checkpoint of --arch (make-tiny, cached under $FREETOKEN_CACHE/models).
 #  3. GGUF conversion with the project's evals/peers/convert_gguf.py (cached by checkpoint stamp +
 #     converter source hash; --fresh-gguf forces it); GGUFs of older converter versions in the
 #     cache are deleted when a new one is written (evals/peers/gguf_cache.py).
@@ -46,6 +48,7 @@ REPO="$(cd "$HERE/../.." && pwd)"
 PY="${FREETOKEN_PYTHON:-$REPO/.venv/bin/python}"
 CACHE="${FREETOKEN_CACHE:-$HOME/.cache/freetoken}"
 
+ARCH=qwen3_moe
 LIMIT_TURNS=8
 WORKLOADS="W1 W2"
 OUT="$REPO/replay-out/peers-llamacpp-$(date +%Y%m%d-%H%M%S)"
@@ -72,6 +75,7 @@ TRACES=""
 ALLOW_SYNTHETIC=0
 while [[ $# -gt 0 ]]; do
     case "$1" in
+        --arch) need_value "$1" $# "${2:-}"; ARCH="$2"; shift 2 ;;
         --limit-turns) need_value "$1" $# "${2:-}"; LIMIT_TURNS="$2"; shift 2 ;;
         --workloads) need_value "$1" $# "${2:-}"; WORKLOADS="$2"; shift 2 ;;
         --traces) need_value "$1" $# "${2:-}"; TRACES="$2"; shift 2 ;;
@@ -89,6 +93,10 @@ while [[ $# -gt 0 ]]; do
         *) die_usage "unknown option $1" ;;
     esac
 done
+case "$ARCH" in
+    qwen3_moe|qwen3_next) ;;
+    *) die_usage "--arch must be qwen3_moe or qwen3_next (got '$ARCH')" ;;
+esac
 positive_int --limit-turns "$LIMIT_TURNS"
 positive_int --w1-max-tokens "$W1_MAX_TOKENS"
 positive_int --n-ctx "$N_CTX"
@@ -151,17 +159,17 @@ PEER_PY="$(bash "$HERE/install_llamacpp.sh" 2> >(tee "$OUT/log/install.log" >&2)
 BUILD_STAMP="$(dirname "$(dirname "$PEER_PY")")/.freetoken-peer-ready"
 
 # 2. checkpoint
-say "2/6 FreeToken small qwen3_moe checkpoint"
+say "2/6 FreeToken small $ARCH checkpoint"
 MODEL_DIR="$("$PY" -c "
 import sys; sys.path.insert(0, '$REPO')
 from freetoken.models.tiny import cached_tiny
-print(cached_tiny('qwen3_moe', 'small', 0, lambda m: print(m, file=sys.stderr)))")"
+print(cached_tiny('$ARCH', 'small', 0, lambda m: print(m, file=sys.stderr)))")"
 
 # 3. GGUF
 KEY="$(cat "$MODEL_DIR/freetoken_tiny.json" "$HERE/convert_gguf.py" "$HERE/gguf_vocab.py" \
         "$HERE/safetensors_np.py" | sha256sum | cut -c1-12)"
 GGUF_DIR="$CACHE/peers/gguf"
-GGUF="$GGUF_DIR/small-qwen3_moe-$KEY-$OUTTYPE.gguf"
+GGUF="$GGUF_DIR/small-$ARCH-$KEY-$OUTTYPE.gguf"
 mkdir -p "$GGUF_DIR"
 if [[ "$FRESH_GGUF" == 1 || ! -f "$GGUF" ]]; then
     say "3/6 converting $MODEL_DIR -> $GGUF ($OUTTYPE)"
@@ -215,14 +223,14 @@ for port in "$FT_PORT" "$LL_PORT"; do
 done
 say "5/6 starting FreeToken (port $FT_PORT) and llama.cpp (port $LL_PORT) on the same weights"
 "$PY" -m freetoken serve --model "$MODEL_DIR" --port "$FT_PORT" --dtype "$FT_DTYPE" \
-    --max-model-len "$N_CTX" --served-model-name small-qwen3_moe --max-running-requests 1 \
+    --max-model-len "$N_CTX" --served-model-name "small-$ARCH" --max-running-requests 1 \
     > "$OUT/log/freetoken-server.log" 2>&1 &
 PIDS+=($!); FT_PID=$!
 wait_up freetoken "$FT_PORT" "$FT_PID"
 # Note: llama-cpp-python defaults that would skew a CPU benchmark are overridden: n_threads
 # defaults to cpu_count/2, logits_all to true (full-vocab logits for every prompt token), mlock on;
 # the weights are read into memory (no mmap) as FreeToken does.
-"$PEER_PY" "$HERE/llamacpp_server.py" --model "$GGUF" --model_alias small-qwen3_moe \
+"$PEER_PY" "$HERE/llamacpp_server.py" --model "$GGUF" --model_alias "small-$ARCH" \
     --host 127.0.0.1 --port "$LL_PORT" --n_ctx "$N_CTX" --n_batch 2048 --n_ubatch 512 \
     --n_threads "$THREADS" --n_threads_batch "$THREADS" --logits_all false --use_mlock false --use_mmap false \
     --flash_attn true --type_k "$KV_TYPE" --type_v "$KV_TYPE" --verbose false > "$OUT/log/llamacpp-server.log" 2>&1 &
@@ -257,7 +265,7 @@ done
 cleanup; PIDS=()
 
 # 6. report
-"$PY" "$HERE/report.py" --out "$OUT" --workloads "$WORKLOADS" --gguf "$GGUF" \
+"$PY" "$HERE/report.py" --out "$OUT" --workloads "$WORKLOADS" --gguf "$GGUF" --arch "$ARCH" \
     --model-dir "$MODEL_DIR" --outtype "$OUTTYPE" --n-ctx "$N_CTX" --threads "$THREADS" \
     --limit-turns "$LIMIT_TURNS" --w1-max-tokens "$W1_MAX_TOKENS" --build-stamp "$BUILD_STAMP" \
     --peer-python "$PEER_PY" --llama-kv "$LLAMA_KV" --traces "$TRACES"

@@ -1,4 +1,5 @@
-"""Convert a FreeToken / Hugging Face ``qwen3_moe`` checkpoint to a GGUF file for llama.cpp.
+"""Convert a FreeToken / Hugging Face ``qwen3_moe`` or ``qwen3_next`` checkpoint to a GGUF file
+for llama.cpp.
 
 Usage (run with the peer virtualenv's python, which has numpy + ``gguf==0.19.0``)::
 
@@ -7,8 +8,11 @@ Usage (run with the peer virtualenv's python, which has numpy + ``gguf==0.19.0``
 Written for FreeToken from llama.cpp's published layout (read, not copied): the architecture
 string, tensor names and metadata keys come from the ``gguf`` package at run time
 (``gguf.MODEL_ARCH_NAMES``, ``gguf.TENSOR_NAMES``, ``GGUFWriter.add_*``); which tensors and keys
-the ``qwen3moe`` graph loads, and in which shape, from llama.cpp ``src/models/qwen3moe.cpp``
-(``load_arch_hparams`` / ``load_arch_tensors``):
+each graph loads, and in which shape, from llama.cpp ``src/models/qwen3moe.cpp`` and
+``src/models/qwen3next.cpp`` (``load_arch_hparams`` / ``load_arch_tensors`` and the graph).
+The ``config.json`` ``model_type`` picks the family.
+
+**qwen3_moe** -> arch ``qwen3moe``:
 
 ======================================================  ==========================  ===============
 HF tensor (PyTorch shape)                               GGUF tensor                 ggml ne
@@ -34,9 +38,56 @@ embedding_length, feed_forward_length, attention.head_count(_kv), attention.key/
 expert_feed_forward_length. llama.cpp's qwen3moe graph always renormalises the top-k weights
 after a softmax, so a config with ``norm_topk_prob: false`` or rope scaling is refused.
 
+**qwen3_next** -> arch ``qwen3next`` (Gated DeltaNet layers where ``(i + 1) %
+full_attention_interval != 0``, gated full attention on the others; nk / nv linear key / value
+heads of dims dk / dv, r = nv / nk, conv channels C = 2*nk*dk + nv*dv, shared expert width Is).
+Embeddings, lm_head, router and routed experts as for qwen3_moe, plus:
+
+======================================================  ===========================  ==============
+HF tensor (PyTorch shape)                               GGUF tensor                  ggml ne
+======================================================  ===========================  ==============
+model.norm.weight [H]                         (+1)      output_norm.weight           {H}
+layers.i.input_layernorm.weight [H]           (+1)      blk.i.attn_norm.weight       {H}
+layers.i.post_attention_layernorm.weight [H]  (+1)      blk.i.post_attention_norm    {H}
+full: self_attn.q_proj.weight [nq*2D, H]                blk.i.attn_q.weight          {H, nq*2D}
+full: self_attn.{k,v}_proj.weight [nkv*D, H]            blk.i.attn_{k,v}.weight      {H, nkv*D}
+full: self_attn.o_proj.weight [H, nq*D]                 blk.i.attn_output.weight     {nq*D, H}
+full: self_attn.{q,k}_norm.weight [D]         (+1)      blk.i.attn_{q,k}_norm        {D}
+linear: linear_attn.in_proj_qkvz.weight, q/k/v rows     blk.i.attn_qkv.weight        {H, C}
+linear: linear_attn.in_proj_qkvz.weight, z rows         blk.i.attn_gate.weight       {H, nv*dv}
+linear: linear_attn.in_proj_ba.weight [2*nv, H]         blk.i.ssm_ba.weight          {H, 2*nv}
+linear: linear_attn.conv1d.weight [C, 1, K]   (squeeze) blk.i.ssm_conv1d.weight      {K, C}
+linear: linear_attn.dt_bias [nv]                        blk.i.ssm_dt.bias            {nv}
+linear: linear_attn.A_log [nv]                (-exp)    blk.i.ssm_a                  {nv}
+linear: linear_attn.norm.weight [dv]                    blk.i.ssm_norm.weight        {dv}
+linear: linear_attn.out_proj.weight [H, nv*dv]          blk.i.ssm_out.weight         {nv*dv, H}
+mlp.shared_expert.{gate,up}_proj.weight [Is, H]         blk.i.ffn_{gate,up}_shexp    {H, Is}
+mlp.shared_expert.down_proj.weight [H, Is]              blk.i.ffn_down_shexp         {Is, H}
+mlp.shared_expert_gate.weight [1, H]          (flatten) blk.i.ffn_gate_inp_shexp     {H}
+======================================================  ===========================  ==============
+
+Transforms: the HF model's ``Qwen3NextRMSNorm`` scales by ``1 + weight`` (zero-centred) and
+llama.cpp's RMS norm by ``weight``, so those norms get +1 (in float32, exact for bf16 weights);
+the gated norm of the DeltaNet output (``linear_attn.norm``) already scales by ``weight`` and is
+copied. ``A_log`` is stored as ``A = -exp(A_log)`` (the graph multiplies softplus(a + dt_bias)
+by it). ``in_proj_qkvz`` holds, per key head g, rows [q_g (dk), k_g (dk), v_g (r*dv), z_g
+(r*dv)]; it is regrouped into [q_0..q_{nk-1}, k_0.., v_0..] (``attn_qkv``, the conv input order
+of both models) and [z_0..] (``attn_gate``): llama.cpp's fused path. ``in_proj_ba`` keeps its
+per-key-head [b_g (r), a_g (r)] grouping, which llama.cpp splits the same way, and value head
+g*r + j reads key head g in both. The gated q_proj keeps its per-head [query (D), gate (D)]
+rows, the split llama.cpp makes. RoPE: NEOX on the first rope.dimension_count =
+int(D * partial_rotary_factor) dims of each head, as in the HF model. ``mtp.*`` tensors (the
+multi-token-prediction head of released checkpoints) are left out: llama.cpp decodes without it.
+Extra hyper-parameters: expert_shared_feed_forward_length, rope.dimension_count,
+full_attention_interval, ssm.conv_kernel (K), ssm.state_size (dk), ssm.group_count (nk),
+ssm.time_step_rank (nv), ssm.inner_size (nv*dv). Refused: an explicit ``layer_types`` that is
+not the interval pattern (gguf 0.19.0 has no per-layer key to write it), dk != dv (llama.cpp
+takes both from ssm.state_size), nv not a multiple of nk, and the qwen3_moe refusals.
+
 dtype: ``f32`` is exact for bf16/f16/f32 checkpoints; ``bf16`` is exact for bf16 checkpoints;
-``f16`` rounds. 1-D tensors (norms) and the router stay float32 in every mode (a rounded router
-can flip a top-k choice).
+``f16`` rounds. 1-D tensors (norms, ``ssm_a``, ``ssm_dt``), the routers and the conv kernel
+(ggml's CPU ``ssm_conv`` reads float32 only) stay float32 in every mode (a rounded router can
+flip a top-k choice).
 """
 
 from __future__ import annotations
@@ -45,8 +96,9 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -58,22 +110,29 @@ from gguf_vocab import load_vocab  # noqa: E402
 from safetensors_np import SafetensorsCheckpoint  # noqa: E402
 
 T = gguf.MODEL_TENSOR
-# per-layer dense tensors: HF suffix after "model.layers.{i}." -> gguf tensor kind
-_LAYER_TENSORS = {
-    "input_layernorm.weight": T.ATTN_NORM,
+ARCHES = {"qwen3_moe": gguf.MODEL_ARCH.QWEN3MOE, "qwen3_next": gguf.MODEL_ARCH.QWEN3NEXT}
+_GLOBAL_TENSORS = {"model.embed_tokens.weight": T.TOKEN_EMBD, "model.norm.weight": T.OUTPUT_NORM,
+                   "lm_head.weight": T.OUTPUT}
+_ATTN_TENSORS = {  # HF suffix after "model.layers.{i}." -> gguf tensor kind
     "self_attn.q_proj.weight": T.ATTN_Q,
     "self_attn.k_proj.weight": T.ATTN_K,
     "self_attn.v_proj.weight": T.ATTN_V,
     "self_attn.o_proj.weight": T.ATTN_OUT,
     "self_attn.q_norm.weight": T.ATTN_Q_NORM,
     "self_attn.k_norm.weight": T.ATTN_K_NORM,
-    "post_attention_layernorm.weight": T.FFN_NORM,
-    "mlp.gate.weight": T.FFN_GATE_INP,
 }
 _EXPERT_TENSORS = {"gate_proj": T.FFN_GATE_EXP, "up_proj": T.FFN_UP_EXP, "down_proj": T.FFN_DOWN_EXP}
-_GLOBAL_TENSORS = {"model.embed_tokens.weight": T.TOKEN_EMBD, "model.norm.weight": T.OUTPUT_NORM,
-                   "lm_head.weight": T.OUTPUT}
-_ALWAYS_F32 = {T.FFN_GATE_INP}
+_SHARED_EXPERT_TENSORS = {"gate_proj": T.FFN_GATE_SHEXP, "up_proj": T.FFN_UP_SHEXP,
+                          "down_proj": T.FFN_DOWN_SHEXP}
+_DELTANET_TENSORS = {  # qwen3_next linear-attention layers, copied as stored
+    "linear_attn.in_proj_ba.weight": T.SSM_BETA_ALPHA,
+    "linear_attn.dt_bias": T.SSM_DT,
+    "linear_attn.norm.weight": T.SSM_NORM,
+    "linear_attn.out_proj.weight": T.SSM_OUT,
+}
+_SUFFIX = {T.SSM_DT: ".bias", T.SSM_A: ""}  # every other tensor is "<name>.weight"
+_ALWAYS_F32 = {T.FFN_GATE_INP, T.FFN_GATE_INP_SHEXP, T.SSM_CONV1D}
+_SKIPPED_PREFIXES = {"qwen3_next": ("mtp.",)}  # HF tensors deliberately not converted
 _OUTTYPES = {
     "f32": (gguf.GGMLQuantizationType.F32, gguf.LlamaFileType.ALL_F32),
     "bf16": (gguf.GGMLQuantizationType.BF16, gguf.LlamaFileType.MOSTLY_BF16),
@@ -82,57 +141,200 @@ _OUTTYPES = {
 
 
 class ConversionError(ValueError):
-    """The checkpoint cannot be expressed as a llama.cpp qwen3moe GGUF (message says why)."""
+    """The checkpoint cannot be expressed as a llama.cpp GGUF (message says why)."""
+
+
+class Planned(NamedTuple):
+    """One GGUF tensor: its name and kind, the HF tensors it is made of (several: stacked on a
+    new axis 0, in expert order), the numpy shape written (ggml ne reversed) and the transform
+    applied to the (stacked) array. Transforms that only reorder (``fn`` of a 2-D or larger
+    tensor) also run on raw bf16 bit patterns; arithmetic ones are used on 1-D tensors, which are
+    always read as float32."""
+
+    name: str
+    kind: gguf.MODEL_TENSOR
+    hf: list[str]
+    shape: tuple[int, ...]
+    fn: Callable[[np.ndarray], np.ndarray] | None = None
 
 
 def _name(kind: gguf.MODEL_TENSOR, bid: int | None = None) -> str:
     fmt = gguf.TENSOR_NAMES[kind]
-    return (fmt.format(bid=bid) if bid is not None else fmt) + ".weight"
+    return (fmt.format(bid=bid) if bid is not None else fmt) + _SUFFIX.get(kind, ".weight")
 
 
-def plan_tensors(config: dict, ckpt: SafetensorsCheckpoint) -> list[tuple[str, T, list[str]]]:
-    """The GGUF tensors in write order: ``(gguf_name, kind, hf_names)``; an expert tensor lists
-    its ``num_experts`` HF names in expert order (stacked on axis 0).
+def _plus_one(x: np.ndarray) -> np.ndarray:
+    """Zero-centred RMSNorm weight (the model scales by ``1 + w``) -> plain RMSNorm weight."""
+    return x.astype(np.float32) + np.float32(1.0)
 
-    Raises:
-        ConversionError: a checkpoint tensor is left unmapped or an expected one is missing.
-    """
-    layers, n_exp = config["num_hidden_layers"], config["num_experts"]
-    plan: list[tuple[str, T, list[str]]] = []
-    for hf, kind in _GLOBAL_TENSORS.items():
-        if hf == "lm_head.weight" and config.get("tie_word_embeddings"):
-            continue
-        plan.append((_name(kind), kind, [hf]))
-    for i in range(layers):
-        for suffix, kind in _LAYER_TENSORS.items():
-            plan.append((_name(kind, i), kind, [f"model.layers.{i}.{suffix}"]))
-        for proj, kind in _EXPERT_TENSORS.items():
-            names = [f"model.layers.{i}.mlp.experts.{e}.{proj}.weight" for e in range(n_exp)]
-            plan.append((_name(kind, i), kind, names))
-    wanted = {n for _, _, names in plan for n in names}
-    have = set(ckpt.names())
-    if missing := sorted(wanted - have):
-        raise ConversionError(f"checkpoint lacks {len(missing)} tensors, e.g. {missing[:3]}")
-    if extra := sorted(have - wanted):
-        raise ConversionError(f"{len(extra)} checkpoint tensors have no GGUF mapping: {extra[:3]}")
-    allowed = set(gguf.MODEL_TENSORS[gguf.MODEL_ARCH.QWEN3MOE])
-    if bad := sorted({k.name for _, k, _ in plan} - {k.name for k in allowed}):
-        raise ConversionError(f"gguf's qwen3moe tensor list lacks {bad}")
+
+def _neg_exp(x: np.ndarray) -> np.ndarray:
+    """``A_log`` -> ``A = -exp(A_log)``, rounded once to float32."""
+    return (-np.exp(x.astype(np.float64))).astype(np.float32)
+
+
+def _qkvz_split(config: dict, part: str) -> Callable[[np.ndarray], np.ndarray]:
+    """``in_proj_qkvz`` [nk * (2*dk + 2*r*dv), H] (rows grouped per key head) -> its ``qkv``
+    rows [q of every head, k of every head, v of every head] or its ``z`` rows."""
+    nk, dk = config["linear_num_key_heads"], config["linear_key_head_dim"]
+    rdv = config["linear_num_value_heads"] // nk * config["linear_value_head_dim"]
+
+    def split(w: np.ndarray) -> np.ndarray:
+        g = w.reshape(nk, 2 * dk + 2 * rdv, w.shape[-1])
+        if part == "z":
+            return np.ascontiguousarray(g[:, 2 * dk + rdv:].reshape(-1, w.shape[-1]))
+        q, k, v = g[:, :dk], g[:, dk:2 * dk], g[:, 2 * dk:2 * dk + rdv]
+        return np.concatenate([t.reshape(-1, w.shape[-1]) for t in (q, k, v)])
+
+    return split
+
+
+def _is_linear(config: dict, layer: int) -> bool:
+    """qwen3_next: whether ``layer`` is a Gated DeltaNet layer (llama.cpp's interval rule)."""
+    return (layer + 1) % config.get("full_attention_interval", 4) != 0
+
+
+def _one(shapes: dict, hf: str, kind: gguf.MODEL_TENSOR, bid: int | None = None,
+         fn: Callable[[np.ndarray], np.ndarray] | None = None,
+         shape: tuple[int, ...] | None = None) -> Planned:
+    """A GGUF tensor from one HF tensor; ``shape`` defaults to the stored one (a missing HF
+    tensor gets shape () here and is reported by :func:`plan_tensors`)."""
+    return Planned(_name(kind, bid), kind, [hf], shapes.get(hf, ()) if shape is None else shape, fn)
+
+
+def _experts(shapes: dict, config: dict, i: int) -> list[Planned]:
+    out = []
+    for proj, kind in _EXPERT_TENSORS.items():
+        names = [f"model.layers.{i}.mlp.experts.{e}.{proj}.weight"
+                 for e in range(config["num_experts"])]
+        out.append(Planned(_name(kind, i), kind, names, (len(names), *shapes.get(names[0], ()))))
+    return out
+
+
+def _plan_qwen3_moe(config: dict, shapes: dict) -> list[Planned]:
+    plan = []
+    for i in range(config["num_hidden_layers"]):
+        pre = f"model.layers.{i}."
+        plan.append(_one(shapes, pre + "input_layernorm.weight", T.ATTN_NORM, i))
+        plan += [_one(shapes, pre + s, k, i) for s, k in _ATTN_TENSORS.items()]
+        plan.append(_one(shapes, pre + "post_attention_layernorm.weight", T.FFN_NORM, i))
+        plan.append(_one(shapes, pre + "mlp.gate.weight", T.FFN_GATE_INP, i))
+        plan += _experts(shapes, config, i)
     return plan
 
 
+def _plan_qwen3_next(config: dict, shapes: dict) -> list[Planned]:
+    hidden = config["hidden_size"]
+    nk, dk = config["linear_num_key_heads"], config["linear_key_head_dim"]
+    vdim = config["linear_num_value_heads"] * config["linear_value_head_dim"]
+    plan = []
+    for i in range(config["num_hidden_layers"]):
+        pre = f"model.layers.{i}."
+        plan.append(_one(shapes, pre + "input_layernorm.weight", T.ATTN_NORM, i, _plus_one))
+        plan.append(_one(shapes, pre + "post_attention_layernorm.weight", T.ATTN_POST_NORM, i,
+                         _plus_one))
+        if _is_linear(config, i):
+            qkvz = pre + "linear_attn.in_proj_qkvz.weight"
+            plan.append(_one(shapes, qkvz, T.ATTN_QKV, i, _qkvz_split(config, "qkv"),
+                             (2 * nk * dk + vdim, hidden)))
+            plan.append(_one(shapes, qkvz, T.ATTN_GATE, i, _qkvz_split(config, "z"),
+                             (vdim, hidden)))
+            conv = pre + "linear_attn.conv1d.weight"
+            plan.append(_one(shapes, conv, T.SSM_CONV1D, i, lambda w: w.reshape(w.shape[0], -1),
+                             (2 * nk * dk + vdim, config["linear_conv_kernel_dim"])))
+            plan.append(_one(shapes, pre + "linear_attn.A_log", T.SSM_A, i, _neg_exp))
+            plan += [_one(shapes, pre + s, k, i) for s, k in _DELTANET_TENSORS.items()]
+        else:
+            for suffix, kind in _ATTN_TENSORS.items():
+                fn = _plus_one if kind in (T.ATTN_Q_NORM, T.ATTN_K_NORM) else None
+                plan.append(_one(shapes, pre + suffix, kind, i, fn))
+        plan.append(_one(shapes, pre + "mlp.gate.weight", T.FFN_GATE_INP, i))
+        plan += _experts(shapes, config, i)
+        plan += [_one(shapes, f"{pre}mlp.shared_expert.{p}.weight", k, i)
+                 for p, k in _SHARED_EXPERT_TENSORS.items()]
+        plan.append(_one(shapes, pre + "mlp.shared_expert_gate.weight", T.FFN_GATE_INP_SHEXP, i,
+                         lambda w: w.reshape(-1), (hidden,)))
+    return plan
+
+
+def plan_tensors(config: dict, ckpt: SafetensorsCheckpoint) -> list[Planned]:
+    """The GGUF tensors in write order (see :class:`Planned`), for the family named by
+    ``config["model_type"]``.
+
+    Raises:
+        ConversionError: a checkpoint tensor is left unmapped, an expected one is missing, or
+            gguf's tensor list for the arch lacks a kind used. (A transform's output shape is
+            checked against ``Planned.shape`` when the tensor is written; llama.cpp checks every
+            shape against its hyper-parameters when it loads the file.)
+    """
+    family = config["model_type"]
+    shapes = {n: ckpt.shape(n) for n in ckpt.names()}
+    plan: list[Planned] = []
+    for hf, kind in _GLOBAL_TENSORS.items():
+        if hf == "lm_head.weight" and config.get("tie_word_embeddings"):
+            continue
+        plan.append(_one(shapes, hf, kind, fn=_plus_one if family == "qwen3_next" and
+                         kind == T.OUTPUT_NORM else None))
+    plan += (_plan_qwen3_next if family == "qwen3_next" else _plan_qwen3_moe)(config, shapes)
+    wanted = {n for p in plan for n in p.hf}
+    have = set(shapes)
+    if missing := sorted(wanted - have):
+        raise ConversionError(f"checkpoint lacks {len(missing)} tensors, e.g. {missing[:3]}")
+    skipped = _SKIPPED_PREFIXES.get(family, ())
+    if extra := sorted(n for n in have - wanted if not n.startswith(skipped)):
+        raise ConversionError(f"{len(extra)} checkpoint tensors have no GGUF mapping: {extra[:3]}")
+    arch = ARCHES[family]
+    allowed = {k.name for k in gguf.MODEL_TENSORS[arch]}
+    if bad := sorted({p.kind.name for p in plan} - allowed):
+        raise ConversionError(f"gguf's {gguf.MODEL_ARCH_NAMES[arch]} tensor list lacks {bad}")
+    return plan
+
+
+def _rope(config: dict) -> tuple[float, float, object]:
+    """(rope_theta, partial_rotary_factor, scaling) from top-level keys (transformers v4) or
+    ``rope_parameters`` (v5); scaling is None for plain RoPE."""
+    params = config.get("rope_parameters") or {}
+    theta = params.get("rope_theta", config.get("rope_theta"))
+    partial = params.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0))
+    scaling = config.get("rope_scaling")
+    if params.get("rope_type", "default") != "default":
+        scaling = params
+    return float(theta), float(partial), scaling
+
+
 def _check_config(config: dict) -> None:
-    if config.get("model_type") != "qwen3_moe":
-        raise ConversionError(f"model_type {config.get('model_type')!r} is not qwen3_moe "
-                              "(only qwen3_moe is mapped)")
+    family = config.get("model_type")
+    if family not in ARCHES:
+        raise ConversionError(f"model_type {family!r} is not mapped (only {', '.join(ARCHES)})")
+    arch = gguf.MODEL_ARCH_NAMES[ARCHES[family]]
     if not config.get("norm_topk_prob", False):
-        raise ConversionError("norm_topk_prob=false: llama.cpp's qwen3moe always renormalises top-k")
-    if config.get("rope_scaling"):
-        raise ConversionError(f"rope_scaling {config['rope_scaling']!r} is not mapped")
+        raise ConversionError(f"norm_topk_prob=false: llama.cpp's {arch} always renormalises top-k")
+    if (scaling := _rope(config)[2]) is not None:
+        raise ConversionError(f"rope scaling {scaling!r} is not mapped")
     if config.get("mlp_only_layers") or config.get("decoder_sparse_step", 1) != 1:
-        raise ConversionError("dense (mlp_only) layers are not supported by llama.cpp's qwen3moe")
+        raise ConversionError(f"dense (mlp_only) layers are not supported by llama.cpp's {arch}")
     if config.get("attention_bias"):
         raise ConversionError("attention_bias=true is not mapped")
+    if family == "qwen3_next":
+        _check_qwen3_next(config)
+
+
+def _check_qwen3_next(config: dict) -> None:
+    if config.get("hidden_act", "silu") != "silu":
+        raise ConversionError(f"hidden_act {config['hidden_act']!r}: llama.cpp's qwen3next is silu")
+    nk, nv = config["linear_num_key_heads"], config["linear_num_value_heads"]
+    if config["linear_key_head_dim"] != config["linear_value_head_dim"]:
+        raise ConversionError("linear_key_head_dim != linear_value_head_dim: llama.cpp's qwen3next "
+                              "reads both from ssm.state_size")
+    if nv % nk:
+        raise ConversionError(f"linear_num_value_heads {nv} is not a multiple of "
+                              f"linear_num_key_heads {nk}")
+    layers = config["num_hidden_layers"]
+    pattern = ["linear_attention" if _is_linear(config, i) else "full_attention"
+               for i in range(layers)]
+    if (types := config.get("layer_types")) is not None and list(types) != pattern:
+        raise ConversionError("layer_types is not the full_attention_interval pattern (gguf 0.19.0 "
+                              "has no per-layer recurrent key)")
 
 
 def _write_metadata(w: gguf.GGUFWriter, config: dict, model_dir: Path, ftype) -> None:
@@ -146,11 +348,21 @@ def _write_metadata(w: gguf.GGUFWriter, config: dict, model_dir: Path, ftype) ->
     head_dim = config.get("head_dim", config["hidden_size"] // config["num_attention_heads"])
     w.add_key_length(head_dim)
     w.add_value_length(head_dim)
-    w.add_rope_freq_base(float(config["rope_theta"]))
+    theta, partial, _ = _rope(config)
+    w.add_rope_freq_base(theta)
     w.add_layer_norm_rms_eps(float(config["rms_norm_eps"]))
     w.add_expert_count(config["num_experts"])
     w.add_expert_used_count(config["num_experts_per_tok"])
     w.add_expert_feed_forward_length(config["moe_intermediate_size"])
+    if config["model_type"] == "qwen3_next":
+        w.add_rope_dimension_count(int(head_dim * partial))
+        w.add_expert_shared_feed_forward_length(config["shared_expert_intermediate_size"])
+        w.add_full_attention_interval(config.get("full_attention_interval", 4))
+        w.add_ssm_conv_kernel(config["linear_conv_kernel_dim"])
+        w.add_ssm_state_size(config["linear_key_head_dim"])
+        w.add_ssm_group_count(config["linear_num_key_heads"])
+        w.add_ssm_time_step_rank(config["linear_num_value_heads"])
+        w.add_ssm_inner_size(config["linear_num_value_heads"] * config["linear_value_head_dim"])
     w.add_file_type(ftype)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
 
@@ -175,15 +387,17 @@ def _bf16_bits(x: np.ndarray) -> np.ndarray:
     return ((u + (((u >> 16) & 1) + 0x7FFF)) >> 16).astype(np.uint16)
 
 
-def _encode(ckpt: SafetensorsCheckpoint, names: list[str], qtype) -> np.ndarray:
-    """Stack (if several) and encode the HF tensors ``names`` in GGUF dtype ``qtype``."""
-    if qtype == gguf.GGMLQuantizationType.BF16 and all(ckpt.dtype_tag(n) == "BF16" for n in names):
-        parts = [np.asarray(ckpt.raw(n)) for n in names]  # exact: keep the stored bits
-        return np.ascontiguousarray(np.stack(parts) if len(names) > 1 else parts[0])
-    parts = [ckpt.float32(n) for n in names]
-    x = np.stack(parts) if len(names) > 1 else parts[0]
+def _encode(ckpt: SafetensorsCheckpoint, p: Planned, qtype) -> np.ndarray:
+    """Stack (if several), transform and encode the HF tensors of ``p`` in GGUF dtype ``qtype``."""
+    if qtype == gguf.GGMLQuantizationType.BF16 and all(ckpt.dtype_tag(n) == "BF16" for n in p.hf):
+        parts = [np.asarray(ckpt.raw(n)) for n in p.hf]  # exact: keep the stored bits
+        x = np.stack(parts) if len(parts) > 1 else parts[0]
+        return np.ascontiguousarray(p.fn(x) if p.fn else x)
+    parts = [ckpt.float32(n) for n in p.hf]
+    x = np.stack(parts) if len(parts) > 1 else parts[0]
+    x = np.ascontiguousarray(p.fn(x) if p.fn else x, dtype=np.float32)
     if qtype == gguf.GGMLQuantizationType.F32:
-        return np.ascontiguousarray(x)
+        return x
     if qtype == gguf.GGMLQuantizationType.F16:
         return x.astype(np.float16)
     return _bf16_bits(x)
@@ -191,7 +405,8 @@ def _encode(ckpt: SafetensorsCheckpoint, names: list[str], qtype) -> np.ndarray:
 
 def convert(model_dir: str | Path, out_path: str | Path, outtype: str = "f32",
             log=print) -> Path:
-    """Write ``out_path`` (GGUF, arch ``qwen3moe``) from the checkpoint in ``model_dir``.
+    """Write ``out_path`` (GGUF, arch ``qwen3moe`` or ``qwen3next``) from the checkpoint in
+    ``model_dir``.
 
     Args:
         model_dir: HF checkpoint directory (config.json, safetensors, tokenizer.json).
@@ -216,26 +431,28 @@ def convert(model_dir: str | Path, out_path: str | Path, outtype: str = "f32",
     plan = plan_tensors(config, ckpt)
     t0 = time.perf_counter()
     tmp = out_path.with_name(out_path.name + ".tmp")
-    arch = gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.QWEN3MOE]
-    w = gguf.GGUFWriter(tmp, arch)
+    w = gguf.GGUFWriter(tmp, gguf.MODEL_ARCH_NAMES[ARCHES[config["model_type"]]])
     _write_metadata(w, config, model_dir, ftype)
 
     dtypes = {}
-    for name, kind, hf in plan:
-        shape = ckpt.shape(hf[0])
-        full = (len(hf), *shape) if len(hf) > 1 else shape
-        t = gguf.GGMLQuantizationType.F32 if len(shape) == 1 or kind in _ALWAYS_F32 else qtype
+    for p in plan:
+        f32 = len(p.shape) == 1 or p.kind in _ALWAYS_F32
+        t = gguf.GGMLQuantizationType.F32 if f32 else qtype
         item = {gguf.GGMLQuantizationType.F32: 4}.get(t, 2)
         np_dtype = {gguf.GGMLQuantizationType.F32: np.float32,
                     gguf.GGMLQuantizationType.F16: np.float16}.get(t, np.uint16)
         raw = None if t != gguf.GGMLQuantizationType.BF16 else t
-        w.add_tensor_info(name, full, np.dtype(np_dtype), int(np.prod(full)) * item, raw_dtype=raw)
-        dtypes[name] = t
+        w.add_tensor_info(p.name, p.shape, np.dtype(np_dtype), int(np.prod(p.shape)) * item,
+                          raw_dtype=raw)
+        dtypes[p.name] = t
     w.write_header_to_file(tmp)
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
-    for name, _kind, hf in _iter_logged(plan, log):
-        w.write_tensor_data(_encode(ckpt, hf, dtypes[name]))
+    for p in _iter_logged(plan, log):
+        data = _encode(ckpt, p, dtypes[p.name])
+        if data.shape != p.shape:
+            raise ConversionError(f"{p.name}: transform gave {data.shape}, planned {p.shape}")
+        w.write_tensor_data(data)
     w.close()
     tmp.replace(out_path)
     log(f"wrote {out_path} ({out_path.stat().st_size / 2**20:.1f} MiB, {len(plan)} tensors, "

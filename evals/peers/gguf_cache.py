@@ -1,12 +1,13 @@
 """The GGUF cache of ``compare_llamacpp.sh``: delete the files an older converter version wrote.
 
-``compare_llamacpp.sh`` names each conversion ``small-qwen3_moe-<key>-<outtype>.gguf`` in
-``$FREETOKEN_CACHE/peers/gguf`` (``<key>``: 12 hex digits of the sha256 of the checkpoint stamp and
-the converter sources, ``<outtype>``: ``f32`` / ``bf16`` / ``f16``), and ``convert_gguf.py`` writes
-through ``<name>.tmp``. A file of that naming pattern whose key differs from the current one can
-never be used again (the converter or the checkpoint changed): at ~2.4 GiB each (f32), they are deleted
-once a new file is written. Files of the current key (other outtypes) and anything not matching
-the pattern exactly are kept.
+``compare_llamacpp.sh`` names each conversion ``small-<family>-<key>-<outtype>.gguf`` in
+``$FREETOKEN_CACHE/peers/gguf`` (``<family>``: ``qwen3_moe`` / ``qwen3_next``, its ``--arch``;
+``<key>``: 12 hex digits of the sha256 of the checkpoint stamp and the converter sources,
+``<outtype>``: ``f32`` / ``bf16`` / ``f16``), and ``convert_gguf.py`` writes through
+``<name>.tmp``. A file of that naming pattern and the same family whose key differs from the
+current one can never be used again (the converter or the checkpoint changed): at ~2.5 GiB each
+(f32), they are deleted once a new file is written. Files of the current key (other outtypes),
+of the other family, and anything not matching the pattern exactly are kept.
 
 Usage (project venv)::
 
@@ -20,13 +21,13 @@ import re
 import sys
 from pathlib import Path
 
-NAME = re.compile(r"^small-qwen3_moe-(?P<key>[0-9a-f]{12})-(?P<outtype>f32|bf16|f16)"
-                  r"\.gguf(?:\.tmp)?$")
+NAME = re.compile(r"^small-(?P<family>qwen3_moe|qwen3_next)-(?P<key>[0-9a-f]{12})"
+                  r"-(?P<outtype>f32|bf16|f16)\.gguf(?:\.tmp)?$")
 
 
 def stale_files(current: Path) -> list[Path]:
-    """The files beside ``current`` that match :data:`NAME` with a key other than ``current``'s,
-    sorted by name.
+    """The files beside ``current`` that match :data:`NAME` with ``current``'s family and another
+    key, sorted by name.
 
     Raises:
         ValueError: ``current``'s own name does not match :data:`NAME`.
@@ -34,12 +35,13 @@ def stale_files(current: Path) -> list[Path]:
     match = NAME.match(current.name)
     if match is None or current.name.endswith(".tmp"):
         raise ValueError(f"{current.name}: not a name of the form "
-                         "small-qwen3_moe-<12 hex>-<f32|bf16|f16>.gguf")
-    key = match.group("key")
+                         "small-<qwen3_moe|qwen3_next>-<12 hex>-<f32|bf16|f16>.gguf")
+    family, key = match.group("family"), match.group("key")
     out = []
     for path in sorted(current.parent.iterdir()):
         m = NAME.match(path.name)
-        if m is not None and m.group("key") != key and path.is_file() and not path.is_symlink():
+        if (m is not None and m.group("family") == family and m.group("key") != key
+                and path.is_file() and not path.is_symlink()):
             out.append(path)
     return out
 

@@ -1,15 +1,26 @@
 """llama.cpp's side of the conversion check: same ids through the GGUF, compared with FreeToken.
 
-Usage (peer venv, which has ``llama_cpp``)::
+Usage::
 
     python evals/peers/parity_llamacpp.py MODEL.gguf REF.json [--out PARITY.json] [--tol 1e-3]
+        [--server BIN_DIR]
 
-``REF.json`` comes from ``ref_freetoken.py``. Checks, all on identical token ids:
+``REF.json`` comes from ``ref_freetoken.py``. llama.cpp runs either through llama-cpp-python's
+``Llama`` (the default; the peer venv of ``compare_llamacpp.sh``, which has ``llama_cpp``) or,
+with ``--server BIN_DIR``, through llama.cpp's own ``llama-server`` from that folder (the build of
+``build_llamacpp_tools.sh``; then any python with numpy will do, e.g. its ``GGUF_PYTHON``). The
+server is started on a free 127.0.0.1 port with the same settings as the binding (f32 KV cache,
+no flash attention, batch 512, one slot) and stopped at the end; its tokenizer is
+``/tokenize`` (``add_special: false, parse_special: true``) and a step's log-softmax comes from a
+``/completion`` of one token with ``n_probs`` covering the whole vocabulary. The GGUF's
+architecture does not matter here (qwen3moe and qwen3next both go through it). Checks, all on
+identical token ids:
 
 1. Tokenizer: llama.cpp's ``tokenize(text, add_bos=False, special=True)`` of every text and of
    every rendered chat prompt equals FreeToken's ids.
 2. Logits, teacher-forced: the prompt is evaluated in one batch (prefill), then FreeToken's greedy
-   tokens one at a time (decode); at every step llama.cpp's log-softmax is compared with
+   tokens one at a time (decode; the server gets prompt + the first i tokens as one request each,
+   reusing its cached prefix where it can); at every step llama.cpp's log-softmax is compared with
    FreeToken's raw logprobs at FreeToken's top-20 ids (max absolute difference). Both are taken
    over the tokenizer's ids only (``sampleable_vocab``): FreeToken never samples or normalises
    over the padded embedding rows, which would otherwise shift every logprob by
@@ -27,11 +38,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import socket
+import subprocess
 import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
-from llama_cpp import Llama
 
 
 def _log_softmax(x: np.ndarray) -> np.ndarray:
@@ -40,36 +57,152 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
     return x - m - np.log(np.exp(x - m).sum())
 
 
-def compare(gguf_path: str | Path, ref: dict, n_threads: int = 2) -> dict:
+class BindingPeer:
+    """llama.cpp through llama-cpp-python's ``Llama`` (one context, logits of every position)."""
+
+    def __init__(self, gguf_path: str | Path, n_ctx: int, n_threads: int) -> None:
+        from llama_cpp import Llama  # only in compare_llamacpp.sh's peer venv
+
+        # KV cache in f32 (type 0), like FreeToken's float32 compute; llama.cpp's default is f16.
+        self.llm = Llama(model_path=str(gguf_path), n_ctx=n_ctx, n_batch=512, n_threads=n_threads,
+                         n_threads_batch=n_threads, logits_all=True, verbose=False, type_k=0,
+                         type_v=0)
+
+    def tokenize(self, text: str) -> list[int]:
+        return self.llm.tokenize(text.encode("utf-8"), add_bos=False, special=True)
+
+    def forced_logprobs(self, prompt: list[int], out: list[int], sampleable: int) -> Iterator:
+        """Log-softmax over ``sampleable`` ids after ``prompt + out[:i]``, for i = 0, 1, ..."""
+        self.llm.reset()
+        self.llm.eval(prompt)
+        for i in range(len(out)):
+            yield _log_softmax(np.asarray(self.llm.scores[self.llm.n_tokens - 1])[:sampleable])
+            if i + 1 < len(out):
+                self.llm.eval([out[i]])  # teacher forcing: continue on FreeToken's token
+
+    def close(self) -> None:
+        self.llm.close()
+
+
+class ServerPeer:
+    """llama.cpp's own ``llama-server`` from ``bin_dir``, started here and stopped by
+    :meth:`close`.
+
+    Raises:
+        FileNotFoundError: no ``llama-server`` in ``bin_dir``.
+        RuntimeError: the server exited or did not answer ``/health`` within 300 s.
+    """
+
+    def __init__(self, gguf_path: str | Path, n_ctx: int, n_threads: int, bin_dir: str | Path,
+                 log: Path | None = None) -> None:
+        exe = Path(bin_dir) / "llama-server"
+        if not exe.is_file():
+            raise FileNotFoundError(f"{exe} not found (build it with build_llamacpp_tools.sh)")
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        env = dict(os.environ, LD_LIBRARY_PATH=str(Path(bin_dir)))
+        self._log = open(log, "w") if log else subprocess.DEVNULL  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [str(exe), "-m", str(gguf_path), "--host", "127.0.0.1", "--port", str(port),
+             "-c", str(n_ctx), "-b", "512", "-ub", "512", "-t", str(n_threads),
+             "-tb", str(n_threads), "-np", "1", "-ctk", "f32", "-ctv", "f32", "-fa", "off",
+             "--no-webui"], stdout=self._log, stderr=subprocess.STDOUT, env=env)
+        deadline = time.time() + 300
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"llama-server exited with {self.proc.returncode}")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except (urllib.error.URLError, OSError):
+                pass
+            if time.time() > deadline:
+                self.close()
+                raise RuntimeError("llama-server did not answer /health within 300 s")
+            time.sleep(0.3)
+        # The server drops a token's probabilities when its text is an incomplete UTF-8
+        # sequence, so each step samples this single-byte token instead (a logit bias acts in
+        # the sampler chain; the reported log-softmax is of the model's raw logits).
+        self.sampled_token = self.tokenize("a")[0]
+
+    def _post(self, path: str, body: dict) -> dict:
+        req = urllib.request.Request(self.url + path, data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=600) as r:
+            return json.loads(r.read())
+
+    def tokenize(self, text: str) -> list[int]:
+        body = {"content": text, "add_special": False, "parse_special": True}
+        return self._post("/tokenize", body)["tokens"]
+
+    def forced_logprobs(self, prompt: list[int], out: list[int], sampleable: int) -> Iterator:
+        """As :meth:`BindingPeer.forced_logprobs`: one one-token completion per step, with the
+        pre-sampling log-softmax of every vocabulary id (``n_probs`` above the vocabulary)."""
+        for i in range(len(out)):
+            body = {"prompt": prompt + out[:i], "n_predict": 1, "temperature": 0,
+                    "n_probs": 1 << 20, "post_sampling_probs": False, "cache_prompt": True,
+                    "logit_bias": [[self.sampled_token, 1000.0]]}
+            top = self._post("/completion", body)["completion_probabilities"][0]["top_logprobs"]
+            full = np.full(max(sampleable, max(t["id"] for t in top) + 1), -np.inf)
+            full[[t["id"] for t in top]] = [t["logprob"] for t in top]
+            yield _log_softmax(full[:sampleable])  # renormalised over the tokenizer's ids
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self._log is not subprocess.DEVNULL:
+            self._log.close()
+
+
+def compare(gguf_path: str | Path, ref: dict, n_threads: int = 2,
+            server_bin: str | Path | None = None, server_log: Path | None = None) -> dict:
     """Run the three checks of the module docstring.
 
     Args:
         gguf_path: the converted model.
         ref: the parsed ``ref_freetoken.py`` JSON.
         n_threads: llama.cpp CPU threads.
+        server_bin: folder with ``llama-server`` to use instead of llama-cpp-python.
+        server_log: where the server's output goes (discarded when None).
 
     Returns:
-        ``{"texts": {"equal", "total", "mismatches"}, "chats": [{"prompt_tokens",
-        "prompt_ids_equal", "n_tokens", "greedy_agree", "first_divergence": None | {"step",
-        "freetoken", "llamacpp", "ft_top1_top2_gap"}, "first_token_max_abs_logprob_diff",
-        "max_abs_logprob_diff"}], "max_abs_logprob_diff", "first_token_max_abs_logprob_diff"}``.
+        ``{"gguf", "peer", "texts": {"equal", "total", "mismatches"}, "chats":
+        [{"prompt_tokens", "prompt_ids_equal", "n_tokens", "greedy_agree", "first_divergence":
+        None | {"step", "freetoken", "llamacpp", "ft_top1_top2_gap"},
+        "first_token_max_abs_logprob_diff", "max_abs_logprob_diff"}], "max_abs_logprob_diff",
+        "first_token_max_abs_logprob_diff"}``.
     """
     longest = max(len(c["prompt_ids"]) + len(c["output_ids"]) for c in ref["chats"])
-    # KV cache in f32 (type 0), like FreeToken's float32 compute; llama.cpp's default is f16.
-    llm = Llama(model_path=str(gguf_path), n_ctx=max(512, longest + 8), n_batch=512,
-                n_threads=n_threads, n_threads_batch=n_threads, logits_all=True, verbose=False,
-                type_k=0, type_v=0)
-    mismatches = []
-    for item in ref["texts"]:
-        ids = llm.tokenize(item["text"].encode("utf-8"), add_bos=False, special=True)
-        if ids != item["ids"]:
-            mismatches.append({"text": item["text"], "freetoken": item["ids"], "llamacpp": ids})
-    chats = []
-    for chat in ref["chats"]:
-        ids = llm.tokenize(chat["prompt"].encode("utf-8"), add_bos=False, special=True)
-        chats.append(_compare_chat(llm, chat, ids == chat["prompt_ids"], ref["sampleable_vocab"]))
+    n_ctx = max(512, longest + 8)
+    if server_bin is None:
+        peer = BindingPeer(gguf_path, n_ctx, n_threads)
+    else:
+        peer = ServerPeer(gguf_path, n_ctx, n_threads, server_bin, server_log)
+    try:
+        mismatches = []
+        for item in ref["texts"]:
+            ids = peer.tokenize(item["text"])
+            if ids != item["ids"]:
+                mismatches.append({"text": item["text"], "freetoken": item["ids"], "llamacpp": ids})
+        chats = []
+        for chat in ref["chats"]:
+            equal = peer.tokenize(chat["prompt"]) == chat["prompt_ids"]
+            logps = peer.forced_logprobs(chat["prompt_ids"], chat["output_ids"],
+                                         ref["sampleable_vocab"])
+            chats.append(_compare_chat(logps, chat, equal))
+    finally:
+        peer.close()
     return {
         "gguf": str(gguf_path),
+        "peer": "llama-cpp-python" if server_bin is None else "llama-server",
         "texts": {"equal": len(ref["texts"]) - len(mismatches), "total": len(ref["texts"]),
                   "mismatches": mismatches},
         "chats": chats,
@@ -79,14 +212,11 @@ def compare(gguf_path: str | Path, ref: dict, n_threads: int = 2) -> dict:
     }
 
 
-def _compare_chat(llm: Llama, chat: dict, prompt_equal: bool, sampleable: int) -> dict:
+def _compare_chat(logps: Iterator, chat: dict, prompt_equal: bool) -> dict:
     prompt, out, steps = chat["prompt_ids"], chat["output_ids"], chat["steps"]
-    llm.reset()
-    llm.eval(prompt)
     diffs: list[float] = []
     agree, divergence = 0, None
-    for i, step in enumerate(steps):
-        logp = _log_softmax(np.asarray(llm.scores[llm.n_tokens - 1])[:sampleable])
+    for i, (step, logp) in enumerate(zip(steps, logps)):
         top_ids = [t for t, _ in step["top"]]
         ft = np.asarray([p for _, p in step["top"]])
         diffs.append(float(np.abs(logp[top_ids] - ft).max()))
@@ -100,8 +230,6 @@ def _compare_chat(llm: Llama, chat: dict, prompt_equal: bool, sampleable: int) -
                               "ft_top1_top2_gap": float(gap),
                               "llamacpp_logprob_of_ft_token": float(logp[out[i]]),
                               "llamacpp_logprob_of_own_token": float(logp[mine])}
-        if i + 1 < len(out):
-            llm.eval([out[i]])  # teacher forcing: continue on FreeToken's token
     return {"prompt_tokens": len(prompt), "prompt_ids_equal": prompt_equal, "n_tokens": len(out),
             "greedy_agree": agree, "first_divergence": divergence,
             "first_token_max_abs_logprob_diff": diffs[0] if diffs else None,
@@ -136,9 +264,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tol", type=float, default=1e-4,
                    help="first-token logprob tolerance (default 1e-4, for f32 weights)")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--server", metavar="BIN_DIR",
+                   help="run llama.cpp's llama-server from BIN_DIR instead of llama-cpp-python")
+    p.add_argument("--server-log", type=Path, help="write llama-server's output here")
     args = p.parse_args(argv)
     ref = json.loads(Path(args.ref).read_text(encoding="utf-8"))
-    result = compare(args.gguf, ref, args.threads)
+    result = compare(args.gguf, ref, args.threads, args.server, args.server_log)
     result["tol"] = args.tol
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1), encoding="utf-8")

@@ -101,7 +101,8 @@ def build(args: argparse.Namespace) -> tuple[str, dict]:
     md = "\n".join([
         "# FreeToken vs llama.cpp (llama-cpp-python server), identical weights",
         "",
-        f"- model: FreeToken `small` qwen3_moe (`{args.model_dir}`), GGUF `{args.gguf}` "
+        f"- model: FreeToken `small` {getattr(args, 'arch', 'qwen3_moe')} (`{args.model_dir}`), "
+        f"GGUF `{args.gguf}` "
         f"({args.outtype}; both engines compute in {'float32' if args.outtype == 'f32' else args.outtype})",
         f"- machine: {platform.machine()}, {_cpu_count()} CPUs, python {platform.python_version()}; "
         f"threads {args.threads} on both; context {args.n_ctx} tokens",
@@ -179,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="compare_llamacpp.sh report")
     p.add_argument("--out", required=True)
     p.add_argument("--workloads", default="W1 W2")
+    p.add_argument("--arch", default="qwen3_moe", choices=("qwen3_moe", "qwen3_next"))
     for flag in ("--gguf", "--model-dir", "--outtype", "--n-ctx", "--threads", "--limit-turns",
                  "--w1-max-tokens", "--build-stamp", "--peer-python", "--llama-kv", "--traces"):
         p.add_argument(flag, default="")

@@ -23,9 +23,11 @@ from torch import nn
 from freetoken.models.config import ModelConfig
 from freetoken.models.loader import WeightTarget
 from freetoken.models.norms import RMSNorm
+from freetoken.models.paged import PagedDecodeBatch, PagedKV
 from freetoken.models.rotary import RotaryTable, apply_rotary
 from freetoken.models.state import KVCache
-from freetoken.ops.linear import linear
+from freetoken.ops.attention_decode import paged_decode_attention
+from freetoken.ops.linear import cpu_kernel_fits, linear
 
 
 @dataclass(frozen=True)
@@ -154,6 +156,36 @@ class Attention(nn.Module):
         if self.gated:
             out = out * torch.sigmoid(qkv[:, nq : 2 * nq])
         return linear(out, self.o_weight)
+
+    def paged_decode_fits(self, x: torch.Tensor) -> bool:
+        """Whether :meth:`forward_paged_decode` takes ``x [B, H]`` (CPU, fp32 / bf16 like the
+        weights)."""
+        return cpu_kernel_fits(x[:1], self.qkv_weight, self.o_weight)
+
+    def forward_paged_decode(self, x: torch.Tensor, caches: list[PagedKV],
+                             batch: PagedDecodeBatch) -> torch.Tensor:
+        """One new token of each of ``B`` sequences in one C++ call
+        (:func:`~freetoken.ops.attention_decode.paged_decode_attention`): the same math as
+        :meth:`forward` per sequence, its K/V written into the pool and read there in place.
+
+        Args:
+            x: ``[B, H]`` normed hidden states (row ``b`` = sequence ``b``).
+            caches: this layer's :class:`PagedKV` of each sequence (one pool), each holding the
+                positions before the new token; each grows by one.
+            batch: the step's slot metadata (built from the same sequences, in order).
+
+        Returns:
+            ``[B, H]`` attention output after ``o_proj`` in ``x``'s dtype.
+        """
+        pool, layer = caches[0].pool, caches[0].layer
+        out = paged_decode_attention(
+            x.contiguous(), self.qkv_weight, self.o_weight, self.q_norm.scale(),
+            self.k_norm.scale(), batch.cos, batch.sin, pool.k[layer], pool.v[layer],
+            batch.kv_slots, batch.kv_offsets, num_heads=self.nh, num_kv_heads=self.nkv,
+            gated=self.gated, eps=self.q_norm.eps, scale=self.scale)
+        for cache in caches:
+            cache.length += 1
+        return out if x.dtype == torch.float32 else out.to(x.dtype)
 
     def _decode_attention(self, q: torch.Tensor, keys: torch.Tensor,
                           values: torch.Tensor) -> torch.Tensor:

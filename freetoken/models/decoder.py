@@ -29,7 +29,7 @@ from freetoken.models.gated_deltanet import GatedDeltaNet
 from freetoken.models.loader import WeightTarget
 from freetoken.models.moe import DenseMLP, SparseMoE
 from freetoken.models.norms import RMSNorm
-from freetoken.models.paged import PagedKV, SlotTable
+from freetoken.models.paged import PagedDecodeBatch, PagedKV, SlotTable
 from freetoken.models.rotary import RotaryTable
 from freetoken.models.state import GDNState, HybridState, KVCache
 from freetoken.ops.linear import linear
@@ -58,15 +58,26 @@ class DecoderLayer(nn.Module):
         return h + self.mlp(self.post_norm(h))
 
     def forward_batch(self, h: torch.Tensor, bounds: list[int], layer_states: list,
-                      ctxs: list[AttnContext]) -> torch.Tensor:
+                      ctxs: list[AttnContext],
+                      paged_decode: PagedDecodeBatch | None = None) -> torch.Tensor:
         """Several sequences: ``h [sum T_i, H]`` holds sequence ``i`` at rows
         ``bounds[i]:bounds[i+1]``; its mixer runs on that slice with ``layer_states[i]`` and
-        ``ctxs[i]``, the norms and the MLP / MoE run on all rows at once. Returns ``[sum T_i, H]``.
+        ``ctxs[i]``, the norms and the MLP / MoE run on all rows at once. With ``paged_decode``
+        (one token per sequence, paged KV) an attention mixer runs all rows in one call
+        (:meth:`Attention.forward_paged_decode`) and so does a MoE block with resident experts,
+        its norm and residual included (:meth:`SparseMoE.forward_residual`). Returns
+        ``[sum T_i, H]``.
         """
         x = self.input_norm(h)
-        parts = [self.mixer(x[a:b], st, ctx)
-                 for a, b, st, ctx in zip(bounds[:-1], bounds[1:], layer_states, ctxs)]
-        h = h + (parts[0] if len(parts) == 1 else torch.cat(parts))
+        fused = paged_decode is not None
+        if fused and isinstance(self.mixer, Attention):
+            h = h + self.mixer.forward_paged_decode(x, layer_states, paged_decode)
+        else:
+            parts = [self.mixer(x[a:b], st, ctx)
+                     for a, b, st, ctx in zip(bounds[:-1], bounds[1:], layer_states, ctxs)]
+            h = h + (parts[0] if len(parts) == 1 else torch.cat(parts))
+        if fused and isinstance(self.mlp, SparseMoE) and self.mlp.fused_fits(h):
+            return self.mlp.forward_residual(h, self.post_norm)
         return h + self.mlp(self.post_norm(h))
 
 
@@ -86,6 +97,10 @@ class DecoderLM(CausalLM):
     Attributes:
         moe_runtime: the offload runtime serving the routed experts, or None (resident).
         prefill_chunk: tokens per internal prefill chunk (bounds attention memory).
+        paged_decode: let a decode step over paged states run each attention layer, and each MoE
+            block with resident experts, for all sequences in one C++ call
+            (:meth:`_paged_decode_batch`); False keeps the per-sequence torch path (tests
+            compare the two).
         decode_threads: intra-op threads used while consuming a single token (restored after);
             None keeps torch's setting. Defaults to 1 on machines with <= 4 CPUs.
     """
@@ -98,6 +113,7 @@ class DecoderLM(CausalLM):
         self.dtype = dtype
         self.prefill_chunk = DEFAULT_PREFILL_CHUNK
         self.decode_threads = DEFAULT_DECODE_THREADS
+        self.paged_decode = True
         h, v = config.hidden_size, config.vocab_size
         self.embed = nn.Parameter(torch.empty(v, h, dtype=dtype, device=device),
                                   requires_grad=False)
@@ -392,6 +408,21 @@ class DecoderLM(CausalLM):
         logits = self.forward_batch(inputs, states, _capture=(capture, snapshots))
         return logits, snapshots
 
+    def _paged_decode_batch(self, h: torch.Tensor, tails: list[torch.Tensor],
+                            states: list[HybridState]) -> PagedDecodeBatch | None:
+        """The step's attention metadata when every sequence adds one token and keeps its K/V
+        in one page pool, on a device the C++ decode attention runs on; else None."""
+        if not self.paged_decode or any(ids.shape[0] != 1 for ids in tails):
+            return None
+        attn = self._attention_layers()
+        if not attn or not self.layers[attn[0]].mixer.paged_decode_fits(h):
+            return None
+        first = [s.layers[attn[0]] for s in states]
+        if not all(isinstance(kv, PagedKV) and kv.pool is first[0].pool for kv in first):
+            return None
+        return PagedDecodeBatch.build([kv.table for kv in first],
+                                      [s.num_tokens for s in states], self.rotary)
+
     def _forward_batch(self, inputs: list[torch.Tensor], states: list[HybridState],
                        capture=None) -> torch.Tensor:
         device, chunk = self.embed.device, self.prefill_chunk
@@ -414,8 +445,9 @@ class DecoderLM(CausalLM):
                                             + ids.shape[0]))
                     for ids, state, want in zip(tails, states, wanted)]
             h = F.embedding(torch.cat(tails) if len(tails) > 1 else tails[0], self.embed)
+            paged = self._paged_decode_batch(h, tails, states)
             for i, layer in enumerate(self.layers):
-                h = layer.forward_batch(h, bounds, [s.layers[i] for s in states], ctxs)
+                h = layer.forward_batch(h, bounds, [s.layers[i] for s in states], ctxs, paged)
             for i, (ids, state, ctx) in enumerate(zip(tails, states, ctxs)):
                 if snapshots is not None:
                     snapshots[i].update({state.num_tokens + o: snap

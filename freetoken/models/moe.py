@@ -18,7 +18,9 @@ from torch import nn
 from freetoken.models.config import ModelConfig
 from freetoken.models.loader import WeightTarget
 from freetoken.models.moe_forward import ExpertWeights, swiglu
-from freetoken.ops.linear import linear
+from freetoken.models.norms import RMSNorm
+from freetoken.ops.linear import cpu_kernel_fits, linear
+from freetoken.ops.moe_block import moe_block_decode
 
 
 def _param(*shape: int, dtype: torch.dtype, device=None) -> nn.Parameter:
@@ -114,6 +116,32 @@ class SparseMoE(nn.Module):
         if self.norm_topk_prob:
             weights = weights / weights.sum(dim=-1, keepdim=True)
         return ids, weights.to(logits.dtype)
+
+    def fused_fits(self, h: torch.Tensor) -> bool:
+        """Whether :meth:`forward_residual` takes ``h [T, H]``: resident experts, and ``h`` and
+        every weight on the CPU in one kernel dtype with T at decode size (``cpu_kernel_fits``)."""
+        if not isinstance(self.experts, ExpertWeights):
+            return False
+        shared = (self.shared.gate_up, self.shared.down) if self.has_shared else ()
+        return cpu_kernel_fits(h, self.router, self.experts.gate_up, self.experts.down, *shared)
+
+    def forward_residual(self, h: torch.Tensor, norm: RMSNorm) -> torch.Tensor:
+        """``h + self(norm(h))`` in one C++ call (:func:`~freetoken.ops.moe_block.moe_block_decode`:
+        the same math, each value the torch path keeps in the model dtype rounded where it is).
+
+        Args:
+            h: ``[T, H]`` residual stream (``fused_fits(h)``); norm: the post-attention norm.
+
+        Returns:
+            ``[T, H]`` in ``h``'s dtype.
+        """
+        shared = (self.shared.gate_up, self.shared.down) if self.has_shared else (None, None)
+        out, ids = moe_block_decode(h.contiguous(), norm.scale(), norm.eps, self.router,
+                                    self.experts.gate_up, self.experts.down, *shared,
+                                    top_k=self.top_k, norm_topk_prob=self.norm_topk_prob)
+        if self.routing_observer is not None:
+            self.routing_observer(self.moe_layer, ids)
+        return out if h.dtype == torch.float32 else out.to(h.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``[T, H]`` -> ``[T, H]`` routed experts (+ gated shared expert)."""

@@ -13,6 +13,7 @@ path).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -155,3 +156,34 @@ class PagedKV:
         self.length = end
         used = self.table.slots[:end]
         return pk.index_select(0, used).transpose(0, 1), pv.index_select(0, used).transpose(0, 1)
+
+
+@dataclass(frozen=True)
+class PagedDecodeBatch:
+    """The attention metadata of one decode step (one new token per sequence), built once per
+    step and shared by every attention layer (a sequence's layers share its slot table).
+
+    Attributes:
+        kv_slots: ``[N]`` int64, each sequence's slots of positions ``0..n_b-1`` in order
+            (the new token's slot last), concatenated.
+        kv_offsets: ``[B + 1]`` int64, sequence ``b`` owns ``kv_slots[kv_offsets[b]:kv_offsets[b+1]]``.
+        cos, sin: ``[B, rot/2]`` fp32 RoPE tables at each sequence's new position.
+    """
+
+    kv_slots: torch.Tensor
+    kv_offsets: torch.Tensor
+    cos: torch.Tensor
+    sin: torch.Tensor
+
+    @classmethod
+    def build(cls, tables: list[SlotTable], positions: list[int], rotary) -> "PagedDecodeBatch":
+        """Metadata for sequences whose new tokens sit at ``positions`` (their tables hold at
+        least ``position + 1`` slots); ``rotary``: the model's ``RotaryTable``."""
+        lengths = [p + 1 for p in positions]
+        if len(tables) == 1:
+            kv_slots = tables[0].slots[: lengths[0]]
+        else:
+            kv_slots = torch.cat([t.slots[:n] for t, n in zip(tables, lengths)])
+        offsets = torch.tensor(np.cumsum([0] + lengths), dtype=torch.int64)
+        cos, sin = rotary.at(positions)
+        return cls(kv_slots, offsets, cos, sin)

@@ -47,6 +47,15 @@ class RotaryTable:
         return cos, sin
 
 
+    def at(self, positions: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """fp32 cos, sin at each of ``positions``: two ``[len(positions), rot/2]`` tensors."""
+        end = max(positions) + 1
+        if end > self._cos.shape[0]:
+            self._grow(end)
+        index = torch.tensor(positions, device=self._cos.device)
+        return self._cos.index_select(0, index), self._sin.index_select(0, index)
+
+
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate the first ``2 * cos.shape[-1]`` dims of every head.
 

@@ -56,6 +56,8 @@ def test_help_prints_the_whole_usage(tmp_path: Path) -> None:
     (["--workloads", "W1 W9"], "error: unknown workload W9 (expected W1 W2 W3 W4)"),
     (["--frobnicate"], "error: unknown option --frobnicate"),
     (["--traces", "synthetic"], "error: --traces synthetic needs --allow-synthetic"),
+    (["--arch", "qwen3"], "error: --arch must be qwen3_moe or qwen3_next (got 'qwen3')"),
+    (["--arch"], "error: option --arch needs a value"),
 ])
 def test_bad_options_are_usage_errors_before_anything_starts(tmp_path: Path, args: list[str],
                                                              message: str) -> None:
@@ -110,5 +112,14 @@ def test_prune_refuses_a_current_file_outside_the_pattern(tmp_path: Path,
     _touch(tmp_path, "model.gguf", f"small-qwen3_moe-{KEY_OLD}-f32.gguf")
     assert gguf_cache_main(["prune", str(tmp_path / "model.gguf")]) == 2
     assert capsys.readouterr().err == ("gguf_cache: model.gguf: not a name of the form "
-                                       "small-qwen3_moe-<12 hex>-<f32|bf16|f16>.gguf\n")
+                                       "small-<qwen3_moe|qwen3_next>-<12 hex>-<f32|bf16|f16>.gguf\n")
     assert (tmp_path / f"small-qwen3_moe-{KEY_OLD}-f32.gguf").exists()
+
+
+def test_prune_keeps_the_other_family(tmp_path: Path) -> None:
+    other = [f"small-qwen3_moe-{KEY_OLD}-f32.gguf", f"small-qwen3_moe-{KEY_NEW}-bf16.gguf"]
+    old = [f"small-qwen3_next-{KEY_OLD}-f32.gguf"]
+    current = f"small-qwen3_next-{KEY_NEW}-f32.gguf"
+    _touch(tmp_path, current, *old, *other)
+    assert prune(tmp_path / current) == [tmp_path / n for n in old]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([current, *other])

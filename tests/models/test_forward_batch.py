@@ -9,6 +9,7 @@ import torch
 
 from freetoken.models import attention
 from freetoken.models.base import CausalLM, SequenceState
+from freetoken.models.moe import SparseMoE
 from freetoken.models.paged import PagedKV, SlotTable
 from freetoken.models.registry import load_model
 from freetoken.offload.backend import MoeConfig
@@ -72,6 +73,84 @@ def test_batch_equals_each_sequence_alone(model) -> None:
     extra = [sum(n for s, (q, n) in CHUNKS.items() if q == i) for i in range(3)]
     for i, (b, a) in enumerate(zip(batched_states, alone_states)):
         assert b.num_tokens == a.num_tokens == PROMPT_LENGTHS[i] + STEPS + extra[i]
+
+
+def _decode_run(ft, ids, paged_decode: bool, steps: int = 4):
+    """Three paged sequences prefilled, then ``steps`` decode steps that all follow the first
+    run's tokens (teacher-forced, so the two runs see the same inputs): logits per step."""
+    states = paged_states(ft, 3)
+    ft.paged_decode = paged_decode
+    try:
+        logits = [ft.forward_batch([ids[:n] for n in PROMPT_LENGTHS], states)]
+        for step in range(steps):
+            tokens = [torch.tensor([int(t) + step]) for t in ids[:3]]
+            logits.append(ft.forward_batch(tokens, states))
+    finally:
+        ft.paged_decode = True
+    return torch.stack(logits), states
+
+
+def test_paged_decode_runs_each_layer_in_one_call(model, monkeypatch) -> None:
+    """A decode step over paged states runs every attention layer and every MoE block once for
+    the whole batch (the C++ decode attention and MoE block) and equals the per-sequence torch
+    path at fp32, routing observed the same."""
+    ft, ids = model
+    calls = []
+    attend = attention.Attention.forward_paged_decode
+    moe_block = SparseMoE.forward_residual
+
+    def counted_attention(self, x, caches, batch):
+        calls.append(("attention", x.shape[0]))
+        return attend(self, x, caches, batch)
+
+    def counted_moe(self, h, norm):
+        calls.append(("moe", h.shape[0]))
+        return moe_block(self, h, norm)
+
+    monkeypatch.setattr(attention.Attention, "forward_paged_decode", counted_attention)
+    monkeypatch.setattr(SparseMoE, "forward_residual", counted_moe)
+    routes = {True: [], False: []}
+    for fused in (True, False):
+        ft.set_routing_observer(lambda layer, ids_, f=fused: routes[f].append((layer, ids_)))
+        try:
+            out = _decode_run(ft, ids, paged_decode=fused)
+        finally:
+            ft.set_routing_observer(None)
+        if fused:
+            (fused_logits, fused_states), per_step = out, list(calls)
+            calls.clear()
+        else:
+            torch_path, torch_states = out
+    attn, moe = len(ft._attention_layers()), len(ft.moe_blocks())
+    assert sorted(per_step) == sorted([("attention", 3)] * (4 * attn) + [("moe", 3)] * (4 * moe))
+    assert calls == []  # the per-sequence path runs no fused call
+    assert [layer for layer, _ in routes[True]] == [layer for layer, _ in routes[False]]
+    for (_, a), (_, b) in zip(routes[True], routes[False]):
+        assert torch.equal(a, b)
+    fused = fused_logits
+    assert (fused - torch_path).abs().max().item() <= REL_TOL * torch_path.abs().max().item()
+    for a, b in zip(fused_states, torch_states):
+        kv_a = [kv for kv in a.layers if isinstance(kv, PagedKV)]
+        kv_b = [kv for kv in b.layers if isinstance(kv, PagedKV)]
+        assert [kv.length for kv in kv_a] == [kv.length for kv in kv_b]
+        used = a.layers[ft._attention_layers()[0]].table.valid()[: kv_a[0].length]
+        torch.testing.assert_close(kv_a[0].pool.k[:, used], kv_b[0].pool.k[:, used],
+                                   rtol=1e-5, atol=1e-5)
+
+
+def test_paged_decode_in_bf16_is_within_the_documented_tolerance(arch, tiny_checkpoint) -> None:
+    """The fused decode layers in bf16 against the per-sequence torch path in bf16 (both round
+    to bf16 where the model keeps values; they differ in summation order and RoPE precision)."""
+    from freetoken.ops.attention_decode import BF16_TOLERANCE
+    from freetoken.ops.cpu_moe import relative_rms_error
+
+    path = tiny_checkpoint(arch)
+    ft = load_model(path, dtype=torch.bfloat16)
+    ids = prompt_ids(path, 40)
+    fused, _ = _decode_run(ft, ids, paged_decode=True)
+    torch_path, _ = _decode_run(ft, ids, paged_decode=False)
+    assert torch.equal(fused[0], torch_path[0])  # the prefill step is the same torch code
+    assert relative_rms_error(torch_path[1:], fused[1:]) <= BF16_TOLERANCE
 
 
 def test_long_input_runs_its_leading_chunks_alone(model, monkeypatch) -> None:

@@ -62,6 +62,11 @@ int64_t vec_layout_block(VecLayout layout);
 // dst[0:n] = the bf16 values whose bit patterns are src[0:n], as fp32 (exact). Portable code.
 void widen_bf16(const uint16_t* src, float* dst, int64_t n);
 
+// v rounded to the nearest bf16 value, ties to even (torch's float -> bfloat16), kept as fp32; a
+// NaN stays a quiet NaN. The array form rounds v[0:n] in place. Portable code.
+float round_to_bf16(float v);
+void round_to_bf16(float* v, int64_t n);
+
 // dst[0:k] = src[0:k] permuted into `layout` (dst != src). Portable code.
 void pack_vector(VecLayout layout, const float* src, float* dst, int64_t k);
 

@@ -167,9 +167,10 @@ def supported_isas() -> tuple[str, ...]:
 
 
 def kernels() -> tuple[tuple[str, str, int], ...]:
-    """Every ``rows_dot`` kernel of the extension as ``(name, isa, calls)``: its name (e.g.
-    ``"bf16_avx512"``), the lowest ISA variant that runs it, and how many kernel calls in this
-    process ran it (each call counts once per kernel it used)."""
+    """Every CPU kernel of the extension as ``(name, isa, calls)``: the ``rows_dot`` kernels (e.g.
+    ``"bf16_avx512"``), then the decode attention cores (``"attend_avx2"``, ...); the lowest ISA
+    variant that runs it, and how many kernel calls in this process ran it (each call counts
+    once per kernel it used)."""
     return tuple((str(n), str(i), int(c)) for n, i, c in _ext.kernels())
 
 

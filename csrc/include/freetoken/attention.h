@@ -1,0 +1,95 @@
+// One decode step of a GQA attention layer for B sequences (one new token each) whose K/V live in
+// a shared paged pool: the fused q/k/v projection, per-head q/k RMSNorm, RoPE (NeoX half form,
+// partial rotary), the new K/V written into the pool at each sequence's new slot, attention of
+// each query head over its sequence's slots read in place (no gather), the optional Qwen3-Next
+// output gate and o_proj. Sources: transformers Qwen3MoeAttention / Qwen3NextAttention.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "freetoken/isa.h"
+#include "freetoken/thread_pool.h"
+
+namespace freetoken {
+
+struct DecodeAttentionProblem {
+  int64_t batch = 0;         // B sequences
+  int64_t hidden = 0;        // H
+  int64_t num_heads = 0;     // nh query heads
+  int64_t num_kv_heads = 0;  // nkv (nh a multiple of it)
+  int64_t head_dim = 0;      // hd
+  int64_t rotary_half = 0;   // rot / 2: dims [0, rot) rotate, [rot, hd) pass through
+  bool gated = false;        // q rows are [q (nh*hd) | gate (nh*hd)], out *= sigmoid(gate)
+  // bf16 model: x, the weights and the pool hold bf16 bits, and every value the torch layer
+  // stores in the model dtype (the projections, normed q/k, rotated q/k, attention output, gated
+  // output) is rounded to bf16 (round to nearest even); all arithmetic is fp32. Else all fp32.
+  bool bf16 = false;
+  const void* x = nullptr;      // [B, H] normed hidden states
+  const void* qkv_w = nullptr;  // [q_rows + 2 * nkv * hd, H], q_rows = nh * hd * (gated ? 2 : 1)
+  const void* o_w = nullptr;    // [H, nh * hd]
+  const float* q_norm = nullptr;  // [hd] RMSNorm multiplier of q (already 1 + w when zero-centred)
+  const float* k_norm = nullptr;  // [hd] of k
+  float eps = 1e-6f;
+  float scale = 1.0f;            // softmax scale (hd ** -0.5)
+  const float* cos = nullptr;    // [B, rot / 2] at each sequence's new position
+  const float* sin = nullptr;    // [B, rot / 2]
+  void* pool_k = nullptr;        // [num_slots, nkv, hd] this layer's K rows (model dtype)
+  void* pool_v = nullptr;        // [num_slots, nkv, hd]
+  int64_t num_slots = 0;
+  const int64_t* kv_slots = nullptr;    // the sequences' slots, position order, concatenated
+  const int64_t* kv_offsets = nullptr;  // [B + 1]: sequence b owns kv_slots[off[b], off[b+1]);
+                                        // its last slot receives the new token's K/V
+  float* out = nullptr;  // [B, H] fp32 o_proj output (fully overwritten)
+  Isa isa = Isa::kScalar;
+};
+
+// Runs p on the pool. The result does not depend on the thread count: positions are split into
+// fixed chunks of kAttendChunk whose partial softmax sums merge in chunk order. Throws
+// std::invalid_argument for a slot outside the pool or an empty sequence.
+void attention_decode(const DecodeAttentionProblem& p, ThreadPool& pool);
+
+constexpr int64_t kAttendChunk = 256;
+
+// One (sequence, kv head, chunk of positions) of the attention core: for the `group` query
+// heads q [group, hd] (fp32) against the n K/V rows at base + slots[i] * slot_stride, writes the
+// chunk's row maxima m [group] of scale * q.k, l [group] = sum exp(s - m) and the unnormalised
+// acc [group, hd] = sum exp(s - m) * v. Dot products sum in 16 interleaved lanes (then a fixed
+// pairwise tree), the same order on every variant. scores: scratch [group, n]; row: scratch [hd].
+struct AttendArgs {
+  const float* q = nullptr;
+  int64_t group = 0;
+  int64_t head_dim = 0;
+  const void* k = nullptr;  // pool base already offset to this kv head
+  const void* v = nullptr;
+  bool bf16 = false;
+  int64_t slot_stride = 0;  // elements from one slot's row to the next (nkv * hd)
+  const int64_t* slots = nullptr;
+  int64_t n = 0;
+  float scale = 1.0f;
+  float* scores = nullptr;
+  float* row = nullptr;
+  float* m = nullptr;
+  float* l = nullptr;
+  float* acc = nullptr;
+};
+
+void attend_chunk_scalar(const AttendArgs& a);
+void attend_chunk_avx2(const AttendArgs& a);    // AVX2 + FMA build of the same code
+void attend_chunk_avx512(const AttendArgs& a);  // AVX-512F build of the same code
+
+// The attention core variants (attend_chunk_*), with the stable name the kernel report uses
+// (e.g. "attend_avx2") and the lowest ISA variant that runs it; avx512_bf16 runs attend_avx512.
+struct AttendKernel {
+  int id = 0;
+  void (*fn)(const AttendArgs&) = nullptr;
+  const char* name = "";
+  Isa needs = Isa::kScalar;
+};
+
+// Every variant this build has, in id order, and how many attention_decode calls in this
+// process ran each (index = AttendKernel::id).
+const std::vector<AttendKernel>& all_attend_kernels();
+std::vector<uint64_t> attend_use_counts();
+
+}  // namespace freetoken

@@ -1,0 +1,126 @@
+// The decode MoE block over the pool (freetoken/moe_block.h), compiled without ISA flags: the
+// norm and the routing run on the calling thread (B * (H + E) values), the router, the experts
+// and the shared expert through linear_forward / moe_forward, so the whole block is one job.
+#include "freetoken/moe_block.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+#include "freetoken/linear.h"
+#include "freetoken/moe.h"
+
+namespace freetoken {
+
+namespace {
+
+float silu(float g) { return g / (1.0f + std::exp(-g)); }
+
+float sigmoid(float v) { return 1.0f / (1.0f + std::exp(-v)); }
+
+}  // namespace
+
+void moe_block_decode(const MoeBlockProblem& p, ThreadPool& pool) {
+  const int64_t B = p.batch, H = p.hidden, E = p.num_experts, K = p.top_k;
+  const int64_t Is = p.shared_intermediate, rows = E + (Is > 0 ? 1 : 0);
+  if (B <= 0) return;
+  const auto keep = [&](float* v, int64_t n) {
+    if (p.bf16) round_to_bf16(v, n);
+  };
+  const auto kept = [&](float v) { return p.bf16 ? round_to_bf16(v) : v; };
+  const WeightFormat format = p.bf16 ? WeightFormat::kBf16 : WeightFormat::kFp32;
+
+  // residual stream as fp32, and x = RMSNorm(h) (F.rms_norm in fp32, then the model dtype)
+  std::vector<float> h(B * H), x(B * H);
+  if (p.bf16) {
+    widen_bf16(static_cast<const uint16_t*>(p.h), h.data(), B * H);
+  } else {
+    std::copy_n(static_cast<const float*>(p.h), B * H, h.data());
+  }
+  for (int64_t b = 0; b < B; ++b) {
+    const float* src = h.data() + b * H;
+    float ss = 0.0f;
+    for (int64_t i = 0; i < H; ++i) ss += src[i] * src[i];
+    const float r = 1.0f / std::sqrt(ss / static_cast<float>(H) + p.eps);
+    for (int64_t i = 0; i < H; ++i) x[b * H + i] = src[i] * r * p.norm[i];
+  }
+  keep(x.data(), B * H);
+
+  const auto project = [&](const float* in, int64_t cols, const void* w, int64_t out_rows,
+                           float* out) {
+    LinearProblem lp;
+    lp.x = in;
+    lp.rows = B;
+    lp.in = cols;
+    lp.out_features = out_rows;
+    lp.format = format;
+    lp.w = w;
+    lp.out = out;
+    lp.isa = p.isa;
+    linear_forward(lp, pool);
+    keep(out, B * out_rows);
+  };
+  std::vector<float> logits(B * rows);
+  project(x.data(), H, p.router, rows, logits.data());
+
+  // softmax over the E routed logits in fp32, the top k, renormalised, in the model dtype
+  MoeProblem moe;
+  moe.x = x.data();
+  moe.num_tokens = B;
+  moe.hidden = H;
+  moe.intermediate = p.intermediate;
+  moe.num_experts = E;
+  moe.gate_up.format = format;
+  moe.gate_up.values = p.gate_up;
+  moe.down.format = format;
+  moe.down.values = p.down;
+  moe.isa = p.isa;
+  std::vector<float> probs(E);
+  std::vector<int64_t> order(E);
+  for (int64_t b = 0; b < B; ++b) {
+    const float* l = logits.data() + b * rows;
+    const float mx = *std::max_element(l, l + E);
+    float sum = 0.0f;
+    for (int64_t e = 0; e < E; ++e) sum += probs[e] = std::exp(l[e] - mx);
+    for (int64_t e = 0; e < E; ++e) probs[e] /= sum;
+    std::iota(order.begin(), order.end(), 0);
+    std::partial_sort(order.begin(), order.begin() + K, order.end(), [&](int64_t a, int64_t c) {
+      return probs[a] > probs[c] || (probs[a] == probs[c] && a < c);
+    });
+    float top = 0.0f;
+    for (int64_t j = 0; j < K; ++j) top += probs[order[j]];
+    for (int64_t j = 0; j < K; ++j) {
+      const float w = p.norm_topk_prob ? probs[order[j]] / top : probs[order[j]];
+      moe.token_ids.push_back(b);
+      moe.expert_ids.push_back(order[j]);
+      moe.weights.push_back(kept(w));
+      p.topk_ids[b * K + j] = order[j];
+    }
+  }
+  std::vector<float> routed(B * H);
+  moe.out = routed.data();
+  moe_forward(moe, pool);
+  keep(routed.data(), B * H);
+
+  if (Is > 0) {
+    std::vector<float> gu(B * 2 * Is), act(B * Is), y(B * H);
+    project(x.data(), H, p.shared_gate_up, 2 * Is, gu.data());
+    for (int64_t b = 0; b < B; ++b) {
+      for (int64_t j = 0; j < Is; ++j) {
+        act[b * Is + j] = kept(kept(silu(gu[b * 2 * Is + j])) * gu[b * 2 * Is + Is + j]);
+      }
+    }
+    project(act.data(), Is, p.shared_down, H, y.data());
+    for (int64_t b = 0; b < B; ++b) {
+      const float gate = kept(sigmoid(logits[b * rows + E]));
+      for (int64_t i = 0; i < H; ++i) {
+        float& r = routed[b * H + i];
+        r = kept(r + kept(gate * y[b * H + i]));
+      }
+    }
+  }
+  for (int64_t i = 0; i < B * H; ++i) p.out[i] = kept(h[i] + routed[i]);
+}
+
+}  // namespace freetoken

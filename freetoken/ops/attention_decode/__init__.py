@@ -1,0 +1,53 @@
+"""Decode attention over the paged KV pool on the CPU, one C++ call per layer and step.
+
+:func:`paged_decode_attention` runs a whole attention layer for ``B`` sequences of one new token
+each (``csrc/src/attention.cpp``): the fused q/k/v projection and ``o_proj`` on the ``rows_dot``
+kernels, q/k RMSNorm and RoPE, the new K/V written into the pool, and attention that reads each
+sequence's K/V rows where they lie in the pool (no gather copy per step, so its cost grows with
+the context only by the bytes it must read). fp32 inputs match
+:func:`~freetoken.ops.attention_decode.reference.paged_decode_attention_reference` within
+:data:`ATTENTION_TOLERANCE` (fp32 summation order); with bf16 inputs every value the torch layer
+keeps in bf16 is rounded where it does, within :data:`BF16_TOLERANCE` of that fp32 reference.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from freetoken.ops.cpu_moe import _ext
+
+ATTENTION_TOLERANCE = 1e-5  # relative RMS against the fp32 reference, fp32 inputs
+BF16_TOLERANCE = 1e-2  # relative RMS against the fp32 reference on the same bf16 inputs
+
+
+def paged_decode_attention(x: torch.Tensor, qkv_w: torch.Tensor, o_w: torch.Tensor,
+                           q_norm: torch.Tensor, k_norm: torch.Tensor, cos: torch.Tensor,
+                           sin: torch.Tensor, pool_k: torch.Tensor, pool_v: torch.Tensor,
+                           kv_slots: torch.Tensor, kv_offsets: torch.Tensor, *, num_heads: int,
+                           num_kv_heads: int, gated: bool, eps: float, scale: float,
+                           isa: str | None = None) -> torch.Tensor:
+    """One decode step of a GQA attention layer for ``B`` sequences.
+
+    Args:
+        x: ``[B, H]`` normed hidden states, fp32 or bf16 (the model dtype).
+        qkv_w: ``[q_rows + 2 * nkv * hd, H]`` fused q/k/v weight, rows ``[q | gate | k | v]``
+            (``q_rows = nh * hd``, twice that with ``gated``); ``o_w``: ``[H, nh * hd]``.
+        q_norm, k_norm: ``[hd]`` fp32 RMSNorm multipliers.
+        cos, sin: ``[B, rot / 2]`` fp32 RoPE tables at each sequence's new position.
+        pool_k, pool_v: ``[slots, nkv, hd]`` this layer's pool rows (the model dtype); the new
+            token's K/V are written at each sequence's last slot.
+        kv_slots: ``[N]`` int64, the sequences' slots in position order, concatenated (the new
+            token's slot last); ``kv_offsets``: ``[B + 1]`` int64 boundaries into it.
+        num_heads, num_kv_heads: nh, nkv. gated: Qwen3-Next output gate. eps: RMSNorm epsilon.
+        scale: softmax scale. isa: kernel variant (``freetoken.ops.cpu_moe.cpu.supported_isas``).
+
+    Returns:
+        ``[B, H]`` fp32 ``o_proj`` output.
+
+    Raises:
+        TypeError / ValueError: a wrong dtype, device, shape or layout, offsets that are not
+            non-decreasing, a sequence without a slot, or a slot outside the pool.
+    """
+    return _ext.attention_decode(x, qkv_w, o_w, q_norm, k_norm, cos, sin, pool_k, pool_v,
+                                 kv_slots, kv_offsets, num_heads, num_kv_heads, gated, eps,
+                                 scale, isa=isa)

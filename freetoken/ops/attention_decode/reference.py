@@ -1,0 +1,49 @@
+"""Plain-torch fp32 reference of :func:`freetoken.ops.attention_decode.paged_decode_attention`.
+
+Sources: transformers ``Qwen3MoeAttention`` / ``Qwen3NextAttention`` at one new token per
+sequence (q/k RMSNorm over head_dim, NeoX RoPE on the first ``rot`` dims, GQA softmax attention,
+the Qwen3-Next ``sigmoid(gate)`` output gate, ``o_proj``).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def paged_decode_attention_reference(x, qkv_w, o_w, q_norm, k_norm, cos, sin, pool_k, pool_v,
+                                     kv_slots, kv_offsets, num_heads: int, num_kv_heads: int,
+                                     gated: bool, eps: float, scale: float) -> torch.Tensor:
+    """Same arguments and effect as the kernel, computed in fp32 from the upcast inputs (the new
+    K/V are written into ``pool_k`` / ``pool_v`` in their dtype, then read back like every
+    other position). Returns ``[B, H]`` fp32."""
+    b, hd = x.shape[0], pool_k.shape[2]
+    nq = num_heads * hd
+    q_rows, kv_rows = nq * (2 if gated else 1), num_kv_heads * hd
+    qkv = x.float() @ qkv_w.float().t()
+    q = F.rms_norm(qkv[:, :nq].reshape(b, num_heads, hd), (hd,), q_norm.float(), eps)
+    k = F.rms_norm(qkv[:, q_rows:q_rows + kv_rows].reshape(b, num_kv_heads, hd), (hd,),
+                   k_norm.float(), eps)
+    v = qkv[:, q_rows + kv_rows:].reshape(b, num_kv_heads, hd)
+    half = cos.shape[1]
+
+    def rotate(t: torch.Tensor) -> torch.Tensor:
+        c, s = cos[:, None, :].float(), sin[:, None, :].float()
+        t1, t2 = t[..., :half], t[..., half:2 * half]
+        return torch.cat([t1 * c - t2 * s, t2 * c + t1 * s, t[..., 2 * half:]], dim=-1)
+
+    q, k = rotate(q), rotate(k)
+    group = num_heads // num_kv_heads
+    rows = []
+    for i in range(b):
+        slots = kv_slots[int(kv_offsets[i]):int(kv_offsets[i + 1])]
+        pool_k[slots[-1]] = k[i].to(pool_k.dtype)
+        pool_v[slots[-1]] = v[i].to(pool_v.dtype)
+        keys = pool_k[slots].float().repeat_interleave(group, dim=1)  # [n, nh, hd]
+        values = pool_v[slots].float().repeat_interleave(group, dim=1)
+        probs = torch.softmax(torch.einsum("hd,nhd->hn", q[i], keys) * scale, dim=-1)
+        rows.append(torch.einsum("hn,nhd->hd", probs, values).reshape(nq))
+    out = torch.stack(rows)
+    if gated:
+        out = out * torch.sigmoid(qkv[:, nq:2 * nq])
+    return out @ o_w.float().t()

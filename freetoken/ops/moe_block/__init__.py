@@ -1,0 +1,46 @@
+"""A whole sparse MoE block at decode on the CPU, one C++ call per layer and step.
+
+:func:`moe_block_decode` runs ``h + MoE(RMSNorm(h))`` for ``B`` tokens with resident dense
+experts (``csrc/src/moe_block.cpp``): the post-attention norm, the router, softmax top-k routing,
+the routed experts (the expert kernel, each routed expert's weights streamed once), the
+sigmoid-gated shared expert of Qwen3-Next and the residual add, with no torch op in between.
+fp32 inputs match :func:`~freetoken.ops.moe_block.reference.moe_block_decode_reference` within
+:data:`MOE_BLOCK_TOLERANCE` (fp32 summation order) with the same routing; with bf16 inputs every
+value the torch block keeps in bf16 is rounded where it does, within :data:`BF16_TOLERANCE`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from freetoken.ops.cpu_moe import _ext
+
+MOE_BLOCK_TOLERANCE = 1e-5  # relative RMS of the block output against the fp32 reference
+BF16_TOLERANCE = 1e-2  # relative RMS of h + block (rounded to bf16), bf16 inputs, same routing
+
+
+def moe_block_decode(h: torch.Tensor, norm: torch.Tensor, eps: float, router: torch.Tensor,
+                     gate_up: torch.Tensor, down: torch.Tensor,
+                     shared_gate_up: torch.Tensor | None, shared_down: torch.Tensor | None, *,
+                     top_k: int, norm_topk_prob: bool, isa: str | None = None
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """One decode step of a sparse MoE block.
+
+    Args:
+        h: ``[B, H]`` residual stream, fp32 or bf16 (the model dtype; every weight the same).
+        norm: ``[H]`` fp32 RMSNorm multiplier; eps: its epsilon.
+        router: ``[E, H]``, or ``[E + 1, H]`` with the shared expert's gate row last.
+        gate_up, down: ``[E, 2I, H]`` / ``[E, H, I]`` routed experts (gate rows first).
+        shared_gate_up, shared_down: ``[2Is, H]`` / ``[H, Is]`` shared expert, or both None.
+        top_k: experts per token; norm_topk_prob: renormalise their probabilities.
+        isa: kernel variant (``freetoken.ops.cpu_moe.cpu.supported_isas``).
+
+    Returns:
+        ``(out [B, H] fp32 = h + block(h), topk_ids [B, k] int64, probability descending)``.
+
+    Raises:
+        TypeError / ValueError: a wrong dtype, device, shape or layout, or ``top_k`` outside
+            ``[1, E]``.
+    """
+    return _ext.moe_block_decode(h, norm, eps, router, gate_up, down, shared_gate_up,
+                                 shared_down, top_k, norm_topk_prob, isa=isa)

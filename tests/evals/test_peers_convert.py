@@ -1,0 +1,202 @@
+"""``evals/peers/convert_gguf.py`` on the tiny qwen3_next checkpoint: the GGUF holds the tensors,
+shapes and keys llama.cpp's ``qwen3next`` loader asks for, and its regrouped tensors give the
+same q/k/v/z/b/a as the Hugging Face model's own split.
+
+The converter needs the ``gguf`` package, which lives in the peer venv of
+``evals/peers/build_llamacpp_tools.sh`` (``$FREETOKEN_CACHE/peers/llamacpp-tools-0.3.36/
+gguf-0.19.0-venv``, or ``FREETOKEN_GGUF_PYTHON``), not in the project venv: it runs there as a
+subprocess, and these tests are skipped when that python is missing (nothing is built here).
+Run: ``.venv/bin/pytest tests/evals/test_peers_convert.py`` (a few seconds). llama.cpp itself is
+checked end to end by ``parity_llamacpp.py`` (see ``evals/peers/README.md``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextGatedDeltaNet
+
+from freetoken.models.tiny import cached_tiny
+
+REPO = Path(__file__).resolve().parents[2]
+CONVERT = REPO / "evals" / "peers" / "convert_gguf.py"
+_CACHE = Path(os.environ.get("FREETOKEN_CACHE", Path.home() / ".cache" / "freetoken"))
+GGUF_PYTHON = Path(os.environ.get(
+    "FREETOKEN_GGUF_PYTHON",
+    _CACHE / "peers" / "llamacpp-tools-0.3.36" / "gguf-0.19.0-venv" / "bin" / "python"))
+
+pytestmark = pytest.mark.skipif(not GGUF_PYTHON.is_file(),
+                                reason=f"no gguf python at {GGUF_PYTHON} (build_llamacpp_tools.sh)")
+
+# Reads a GGUF back (gguf's own reader) into metadata.json + tensors.npz (float32, numpy order).
+_DUMP = """
+import json, sys, numpy as np, gguf
+r = gguf.GGUFReader(sys.argv[1])
+meta = {k: f.contents() for k, f in r.fields.items() if not k.startswith("tokenizer.")}
+info, arrays = {}, {}
+for t in r.tensors:
+    info[t.name] = [[int(n) for n in t.shape], t.tensor_type.name]
+    data = np.asarray(t.data)
+    if t.tensor_type.name == "BF16":
+        data = (data.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+    arrays[t.name] = data.astype(np.float32).reshape([int(n) for n in t.shape][::-1])
+json.dump({"meta": meta, "tensors": info}, open(sys.argv[2] + "/metadata.json", "w"))
+np.savez(sys.argv[2] + "/tensors.npz", **arrays)
+"""
+
+
+def _convert(model: Path, out_dir: Path, outtype: str) -> tuple[dict, dict]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    gguf_path = out_dir / f"model-{outtype}.gguf"
+    subprocess.run([str(GGUF_PYTHON), str(CONVERT), str(model), str(gguf_path), "--outtype",
+                    outtype], check=True, capture_output=True, timeout=300)
+    subprocess.run([str(GGUF_PYTHON), "-c", _DUMP, str(gguf_path), str(out_dir)], check=True,
+                   capture_output=True, timeout=300)
+    with np.load(out_dir / "tensors.npz") as z:
+        arrays = {k: z[k] for k in z.files}
+    return json.loads((out_dir / "metadata.json").read_text()), arrays
+
+
+@pytest.fixture(scope="module")
+def tiny_next() -> Path:
+    return cached_tiny("qwen3_next", "tiny")
+
+
+@pytest.fixture(scope="module")
+def converted(tiny_next: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    root = tmp_path_factory.mktemp("gguf")
+    return {t: _convert(tiny_next, root / t, t) for t in ("f32", "bf16")}
+
+
+def _expected_tensors(c: dict) -> dict[str, list[int]]:
+    """Name -> ggml ne of every tensor llama.cpp's qwen3next ``load_arch_tensors`` creates for
+    this config (no MTP block, untied output)."""
+    h, v, e = c["hidden_size"], c["vocab_size"], c["num_experts"]
+    d, nq, nkv = c["head_dim"], c["num_attention_heads"], c["num_key_value_heads"]
+    nk, nv, dk = c["linear_num_key_heads"], c["linear_num_value_heads"], c["linear_key_head_dim"]
+    vdim, conv = nv * c["linear_value_head_dim"], 2 * nk * dk + nv * c["linear_value_head_dim"]
+    fe, fs = c["moe_intermediate_size"], c["shared_expert_intermediate_size"]
+    out = {"token_embd.weight": [h, v], "output_norm.weight": [h], "output.weight": [h, v]}
+    for i in range(c["num_hidden_layers"]):
+        b = f"blk.{i}."
+        out |= {b + "attn_norm.weight": [h], b + "post_attention_norm.weight": [h],
+                b + "ffn_gate_inp.weight": [h, e], b + "ffn_gate_exps.weight": [h, fe, e],
+                b + "ffn_up_exps.weight": [h, fe, e], b + "ffn_down_exps.weight": [fe, h, e],
+                b + "ffn_gate_inp_shexp.weight": [h], b + "ffn_gate_shexp.weight": [h, fs],
+                b + "ffn_up_shexp.weight": [h, fs], b + "ffn_down_shexp.weight": [fs, h]}
+        if (i + 1) % c["full_attention_interval"]:
+            out |= {b + "attn_qkv.weight": [h, conv], b + "attn_gate.weight": [h, vdim],
+                    b + "ssm_conv1d.weight": [c["linear_conv_kernel_dim"], conv],
+                    b + "ssm_dt.bias": [nv], b + "ssm_a": [nv], b + "ssm_ba.weight": [h, 2 * nv],
+                    b + "ssm_norm.weight": [c["linear_value_head_dim"]],
+                    b + "ssm_out.weight": [vdim, h]}
+        else:
+            out |= {b + "attn_q.weight": [h, nq * d * 2], b + "attn_k.weight": [h, nkv * d],
+                    b + "attn_v.weight": [h, nkv * d], b + "attn_output.weight": [nq * d, h],
+                    b + "attn_q_norm.weight": [d], b + "attn_k_norm.weight": [d]}
+    return out
+
+
+def test_tensors_and_keys_are_what_llama_cpp_qwen3next_loads(tiny_next: Path,
+                                                             converted: dict) -> None:
+    c = json.loads((tiny_next / "config.json").read_text())
+    meta, _ = converted["f32"]
+    assert {k: v[0] for k, v in meta["tensors"].items()} == _expected_tensors(c)
+    kv = meta["meta"]
+    assert kv["general.architecture"] == "qwen3next"
+    assert {k.removeprefix("qwen3next."): kv[k] for k in kv if k.startswith("qwen3next.")} == {
+        "block_count": 4, "context_length": 262144, "embedding_length": 256,
+        "feed_forward_length": 512, "attention.head_count": 4, "attention.head_count_kv": 2,
+        "attention.key_length": 64, "attention.value_length": 64, "rope.freq_base": 1e7,
+        "attention.layer_norm_rms_epsilon": pytest.approx(1e-6), "expert_count": 16,
+        "expert_used_count": 4, "expert_feed_forward_length": 128,
+        "rope.dimension_count": 16, "expert_shared_feed_forward_length": 128,
+        "full_attention_interval": 4, "ssm.conv_kernel": 4, "ssm.state_size": 64,
+        "ssm.group_count": 2, "ssm.time_step_rank": 4, "ssm.inner_size": 256}
+    types = {k: v[1] for k, v in converted["bf16"][0]["tensors"].items()}
+    assert types["blk.0.ssm_conv1d.weight"] == types["blk.0.ffn_gate_inp.weight"] == "F32"
+    assert types["blk.0.attn_qkv.weight"] == types["blk.3.attn_q.weight"] == "BF16"
+
+
+def test_bf16_file_is_the_f32_file_without_rounding(converted: dict) -> None:
+    f32, bf16 = converted["f32"][1], converted["bf16"][1]
+    assert f32.keys() == bf16.keys()
+    for name, x in f32.items():
+        assert np.array_equal(x, bf16[name]), name
+
+
+def test_regrouped_projections_split_like_the_hf_model(tiny_next: Path, converted: dict) -> None:
+    c = json.loads((tiny_next / "config.json").read_text())
+    hf = load_file(tiny_next / "model.safetensors")
+    arrays = converted["f32"][1]
+    la = "model.layers.0.linear_attn."
+    x = torch.randn(5, c["hidden_size"], generator=torch.Generator().manual_seed(0))
+    stub = SimpleNamespace(num_k_heads=c["linear_num_key_heads"],
+                           num_v_heads=c["linear_num_value_heads"],
+                           head_k_dim=c["linear_key_head_dim"],
+                           head_v_dim=c["linear_value_head_dim"])
+    mixed_qkvz = (x @ hf[la + "in_proj_qkvz.weight"].float().T)[None]
+    mixed_ba = (x @ hf[la + "in_proj_ba.weight"].float().T)[None]
+    q, k, v, z, b, a = Qwen3NextGatedDeltaNet.fix_query_key_value_ordering(stub, mixed_qkvz,
+                                                                           mixed_ba)
+    conv_input = torch.cat([t.reshape(5, -1) for t in (q[0], k[0], v[0])], dim=-1)
+    got_qkv = x.numpy() @ arrays["blk.0.attn_qkv.weight"].T
+    np.testing.assert_allclose(got_qkv, conv_input.numpy(), rtol=0, atol=1e-6)
+    got_z = x.numpy() @ arrays["blk.0.attn_gate.weight"].T
+    np.testing.assert_allclose(got_z, z[0].reshape(5, -1).numpy(), rtol=0, atol=1e-6)
+    # llama.cpp reads ssm_ba as [nk groups of (b: r, a: r)], as the HF split does
+    r = stub.num_v_heads // stub.num_k_heads
+    ba = (x.numpy() @ arrays["blk.0.ssm_ba.weight"].T).reshape(5, stub.num_k_heads, 2 * r)
+    np.testing.assert_allclose(ba[..., :r].reshape(5, -1), b[0].numpy(), rtol=0, atol=1e-6)
+    np.testing.assert_allclose(ba[..., r:].reshape(5, -1), a[0].numpy(), rtol=0, atol=1e-6)
+
+
+def test_norms_a_log_conv_and_shared_gate_transforms(tiny_next: Path, converted: dict) -> None:
+    hf = {k: t.float().numpy() for k, t in load_file(tiny_next / "model.safetensors").items()}
+    arrays = converted["f32"][1]
+    m = "model.layers."
+    np.testing.assert_array_equal(arrays["output_norm.weight"], hf["model.norm.weight"] + 1)
+    np.testing.assert_array_equal(arrays["blk.0.attn_norm.weight"],
+                                  hf[m + "0.input_layernorm.weight"] + 1)
+    np.testing.assert_array_equal(arrays["blk.0.post_attention_norm.weight"],
+                                  hf[m + "0.post_attention_layernorm.weight"] + 1)
+    np.testing.assert_array_equal(arrays["blk.3.attn_q_norm.weight"],
+                                  hf[m + "3.self_attn.q_norm.weight"] + 1)
+    np.testing.assert_array_equal(arrays["blk.3.attn_k_norm.weight"],
+                                  hf[m + "3.self_attn.k_norm.weight"] + 1)
+    np.testing.assert_array_equal(arrays["blk.0.ssm_norm.weight"],  # gated norm: plain weight
+                                  hf[m + "0.linear_attn.norm.weight"])
+    np.testing.assert_allclose(arrays["blk.0.ssm_a"], -np.exp(hf[m + "0.linear_attn.A_log"]),
+                               rtol=1e-7)
+    np.testing.assert_array_equal(arrays["blk.0.ssm_conv1d.weight"],
+                                  hf[m + "0.linear_attn.conv1d.weight"][:, 0, :])
+    np.testing.assert_array_equal(arrays["blk.0.ffn_gate_inp_shexp.weight"],
+                                  hf[m + "0.mlp.shared_expert_gate.weight"][0])
+    np.testing.assert_array_equal(arrays["blk.3.attn_q.weight"],  # [query, gate] per head: as is
+                                  hf[m + "3.self_attn.q_proj.weight"])
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"linear_value_head_dim": 32}, "linear_key_head_dim != linear_value_head_dim"),
+    ({"layer_types": ["full_attention"] * 4}, "layer_types is not the full_attention_interval"),
+    ({"norm_topk_prob": False}, "norm_topk_prob=false: llama.cpp's qwen3next"),
+    ({"model_type": "qwen3"}, "model_type 'qwen3' is not mapped"),
+])
+def test_unmappable_configs_are_refused(tiny_next: Path, tmp_path: Path, change: dict,
+                                        message: str) -> None:
+    for name in ("model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+        (tmp_path / name).symlink_to(tiny_next / name)
+    config = json.loads((tiny_next / "config.json").read_text()) | change
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    res = subprocess.run([str(GGUF_PYTHON), str(CONVERT), str(tmp_path), str(tmp_path / "o.gguf")],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and message in res.stderr, res.stderr
+    assert not (tmp_path / "o.gguf").exists()

@@ -1,0 +1,117 @@
+"""The C++ decode attention over a paged KV pool (``freetoken.ops.attention_decode``) against its
+fp32 reference, on every ISA variant this CPU supports: outputs, the K/V it writes, the pool rows
+it must leave alone, independence from the thread split, and clear errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from freetoken.ops.attention_decode import (ATTENTION_TOLERANCE, BF16_TOLERANCE,
+                                            paged_decode_attention)
+from freetoken.ops.attention_decode.reference import paged_decode_attention_reference
+from freetoken.ops.cpu_moe import relative_rms_error
+from freetoken.ops.cpu_moe.cpu import kernels, supported_isas
+
+ISAS = supported_isas()
+# (hidden, heads, kv heads, head_dim, rotary dims, gated, context lengths incl. the new token)
+SHAPES = [
+    (1024, 8, 2, 128, 128, False, (542,)),          # small qwen3_moe preset
+    (1024, 8, 2, 128, 32, True, (1, 300, 700)),     # qwen3_next: gated, partial rotary, >1 chunk
+    (72, 3, 1, 40, 10, True, (5, 257)),             # odd sizes, a head_dim with a vector tail
+    (256, 4, 4, 64, 64, False, (256, 513, 2)),      # MHA, lengths at chunk boundaries
+]
+
+
+def _case(shape, dtype, seed):
+    hidden, nh, nkv, hd, rot, gated, lengths = shape
+    g = torch.Generator().manual_seed(seed)
+    b = len(lengths)
+    rows = nh * hd * (2 if gated else 1) + 2 * nkv * hd
+    slots = 2 * sum(lengths) + 3
+    perm = torch.randperm(slots, generator=g)[: sum(lengths)]  # scattered, out of order
+    offsets = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int64)
+    inv_freq = 1.0 / (1e6 ** (torch.arange(0, rot, 2).float() / rot))
+    angles = torch.tensor([n - 1 for n in lengths]).float()[:, None] * inv_freq[None]
+    return dict(
+        x=torch.randn(b, hidden, generator=g).to(dtype),
+        qkv_w=(torch.randn(rows, hidden, generator=g) / hidden**0.5).to(dtype),
+        o_w=(torch.randn(hidden, nh * hd, generator=g) / (nh * hd) ** 0.5).to(dtype),
+        q_norm=torch.rand(hd, generator=g) + 0.5, k_norm=torch.rand(hd, generator=g) + 0.5,
+        cos=angles.cos(), sin=angles.sin(),
+        pool_k=torch.randn(slots, nkv, hd, generator=g).to(dtype),
+        pool_v=torch.randn(slots, nkv, hd, generator=g).to(dtype),
+        kv_slots=perm, kv_offsets=offsets,
+    ), dict(num_heads=nh, num_kv_heads=nkv, gated=gated, eps=1e-6, scale=hd**-0.5)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"H{s[0]}-nh{s[1]}-kv{s[2]}-hd{s[3]}")
+def test_matches_reference_and_writes_only_the_new_rows(isa, dtype, shape):
+    tensors, config = _case(shape, dtype, seed=len(shape[-1]) * 7 + shape[0])
+    before_k, before_v = tensors["pool_k"].clone(), tensors["pool_v"].clone()
+    ref_tensors = {k: v.clone() for k, v in tensors.items()}
+    out = paged_decode_attention(**tensors, **config, isa=isa)
+    ref = paged_decode_attention_reference(**ref_tensors, **config)
+    assert out.shape == ref.shape and out.dtype == torch.float32
+    tolerance = ATTENTION_TOLERANCE if dtype == torch.float32 else BF16_TOLERANCE
+    assert relative_rms_error(ref, out) <= tolerance
+    new = tensors["kv_slots"][tensors["kv_offsets"][1:] - 1]
+    for got, want, before in ((tensors["pool_k"], ref_tensors["pool_k"], before_k),
+                              (tensors["pool_v"], ref_tensors["pool_v"], before_v)):
+        keep = torch.ones(got.shape[0], dtype=torch.bool)
+        keep[new] = False
+        assert torch.equal(got[keep], before[keep])  # every other row untouched
+        assert relative_rms_error(want[new].float(), got[new].float()) <= tolerance
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_each_variant_runs_its_own_core(isa):
+    tensors, config = _case(SHAPES[2], torch.float32, seed=3)
+    name = {"scalar": "attend_scalar", "avx2": "attend_avx2"}.get(isa, "attend_avx512")
+    calls = dict((n, c) for n, _, c in kernels())
+    paged_decode_attention(**tensors, **config, isa=isa)
+    after = dict((n, c) for n, _, c in kernels())
+    assert after[name] == calls[name] + 1
+    assert sum(v for k, v in after.items() if k.startswith("attend_")) == \
+        sum(v for k, v in calls.items() if k.startswith("attend_")) + 1
+
+
+def test_a_sequence_alone_equals_its_row_in_a_batch():
+    """Each sequence attends only to its own slots: alone it gives its batched row (up to the
+    projections' summation order, which depends on how many rows share a weight pass)."""
+    tensors, config = _case(SHAPES[1], torch.float32, seed=11)
+    batched = {k: v.clone() for k, v in tensors.items()}
+    out = paged_decode_attention(**batched, **config)
+    off = tensors["kv_offsets"]
+    for b in range(len(off) - 1):
+        one = {k: v.clone() for k, v in tensors.items()}
+        one.update(x=one["x"][b : b + 1].contiguous(), cos=one["cos"][b : b + 1].contiguous(),
+                   sin=one["sin"][b : b + 1].contiguous(),
+                   kv_slots=one["kv_slots"][off[b] : off[b + 1]].contiguous(),
+                   kv_offsets=torch.tensor([0, int(off[b + 1] - off[b])]))
+        alone = paged_decode_attention(**one, **config)[0]
+        assert relative_rms_error(out[b], alone) <= ATTENTION_TOLERANCE
+
+
+def test_bad_arguments_are_clear_errors():
+    tensors, config = _case(SHAPES[2], torch.float32, seed=5)
+
+    def call(**change):
+        return paged_decode_attention(**{**tensors, **change}, **config)
+
+    with pytest.raises(TypeError, match="^qkv_w must be float32, got bfloat16"):
+        call(qkv_w=tensors["qkv_w"].bfloat16())
+    with pytest.raises(ValueError, match=r"^o_w \[72, 119\] must be \[72, 120\]"):
+        call(o_w=torch.randn(72, 119))
+    with pytest.raises(ValueError, match="^kv_offsets must be non-decreasing"):
+        call(kv_offsets=torch.tensor([0, 9, 5]))
+    with pytest.raises(ValueError, match="^attention_decode: sequence 0 has no slot"):
+        call(kv_offsets=torch.tensor([0, 0, 5]))
+    bad = tensors["kv_slots"].clone()
+    bad[3] = tensors["pool_k"].shape[0]
+    with pytest.raises(ValueError, match=r"^attention_decode: KV slot \d+ outside the pool's"):
+        call(kv_slots=bad)
+    with pytest.raises(ValueError, match="must be contiguous"):
+        call(x=torch.randn(72, 2).t())

@@ -1,0 +1,77 @@
+"""The C++ decode MoE block (``freetoken.ops.moe_block``) against its fp32 reference on every ISA
+variant this CPU supports: routing, output, the shared expert, and clear errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from freetoken.ops.cpu_moe import relative_rms_error
+from freetoken.ops.cpu_moe.cpu import supported_isas
+from freetoken.ops.moe_block import BF16_TOLERANCE, MOE_BLOCK_TOLERANCE, moe_block_decode
+from freetoken.ops.moe_block.reference import moe_block_decode_reference
+
+ISAS = supported_isas()
+# (tokens, hidden, experts, intermediate, top-k, shared intermediate or 0, norm_topk_prob)
+SHAPES = [
+    (1, 1024, 64, 256, 8, 0, True),     # small qwen3_moe preset
+    (3, 1024, 64, 256, 8, 256, True),   # small qwen3_next preset (shared expert)
+    (2, 72, 10, 40, 3, 24, False),      # odd sizes, no renormalisation
+    (5, 64, 5, 37, 5, 0, True),         # every expert routed
+]
+
+
+def _case(shape, dtype, seed):
+    b, h, e, i, k, shared, norm_topk = shape
+    g = torch.Generator().manual_seed(seed)
+    rows = e + (1 if shared else 0)
+    t = dict(
+        h=torch.randn(b, h, generator=g).to(dtype),
+        norm=torch.rand(h, generator=g) + 0.5, eps=1e-6,
+        # router rows scaled so the top-k margins exceed bf16 rounding of the logits
+        router=(4 * torch.randn(rows, h, generator=g) / h**0.5).to(dtype),
+        gate_up=(torch.randn(e, 2 * i, h, generator=g) / h**0.5).to(dtype),
+        down=(torch.randn(e, h, i, generator=g) / i**0.5).to(dtype),
+        shared_gate_up=(torch.randn(2 * shared, h, generator=g) / h**0.5).to(dtype)
+        if shared else None,
+        shared_down=(torch.randn(h, shared, generator=g) / max(shared, 1) ** 0.5).to(dtype)
+        if shared else None,
+    )
+    return t, dict(top_k=k, norm_topk_prob=norm_topk)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"T{s[0]}-H{s[1]}-E{s[2]}-I{s[3]}-k{s[4]}")
+def test_matches_reference(isa, dtype, shape):
+    tensors, config = _case(shape, dtype, seed=sum(shape[:5]))
+    out, ids = moe_block_decode(*tensors.values(), **config, isa=isa)
+    ref, ref_ids = moe_block_decode_reference(*tensors.values(), **config)
+    assert out.shape == ref.shape and out.dtype == torch.float32
+    assert ids.dtype == torch.int64 and torch.equal(ids, ref_ids)
+    if dtype == torch.float32:  # the block's own contribution (the residual would hide it)
+        h = tensors["h"].float()
+        assert relative_rms_error(ref - h, out - h) <= MOE_BLOCK_TOLERANCE
+    else:  # h + block rounded to bf16, as the model's residual stream is
+        assert relative_rms_error(ref, out) <= BF16_TOLERANCE
+
+
+def test_bad_arguments_are_clear_errors():
+    tensors, config = _case(SHAPES[2], torch.float32, seed=1)
+    args = list(tensors.values())
+
+    def call(index, value, **change):
+        a = list(args)
+        a[index] = value
+        return moe_block_decode(*a, **{**config, **change})
+
+    with pytest.raises(TypeError, match="^router must be float32, got bfloat16"):
+        call(3, args[3].bfloat16())
+    with pytest.raises(ValueError, match=r"^router \[10, 72\] must be \[11, 72\]"):
+        call(3, args[3][:10].contiguous())
+    with pytest.raises(ValueError, match="^shared_gate_up and shared_down go together"):
+        call(7, None)
+    with pytest.raises(ValueError, match=r"^top_k 11 outside \[1, 10\]"):
+        call(0, args[0], top_k=11)
+    with pytest.raises(ValueError, match=r"^norm must be \[72\]"):
+        call(1, torch.ones(71))
