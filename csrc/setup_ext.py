@@ -20,8 +20,8 @@ ISA_FLAGS = {
     "rows_dot_avx2": ["-mavx2", "-mfma", "-mf16c"],
     "rows_q4_avx2": ["-mavx2", "-mfma", "-mf16c"],
     "rows_q8_avx2": ["-mavx2", "-mfma", "-mf16c"],
-    "attend_avx2": ["-mavx2", "-mfma", "-mf16c"],
-    "attend_avx512": ["-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl"],
+    "decode_avx2": ["-mavx2", "-mfma", "-mf16c"],
+    "decode_avx512": ["-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl"],
     "rows_dot_avx512": ["-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl"],
     "rows_dot_avx512_bf16": ["-mavx2", "-mfma", "-mavx512f", "-mavx512bw", "-mavx512vl",
                              "-mavx512bf16"],
@@ -42,7 +42,7 @@ class BuildExt(build_ext):
         super().build_extensions()
 
 
-# The two pybind11 files take ~12 s each; compile files in parallel (FREETOKEN_BUILD_JOBS, default:
+# The pybind11 files take ~12 s each; compile files in parallel (FREETOKEN_BUILD_JOBS, default:
 # all CPUs).
 ParallelCompile("FREETOKEN_BUILD_JOBS").install()
 

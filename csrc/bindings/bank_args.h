@@ -1,5 +1,6 @@
 // Boundary checks of one expert bank (gate_up or down) in any weight format, for bind_moe.cpp.
-// Header-only so the extension keeps two pybind11 translation units (build time, see tensor_arg.h).
+// Header-only so no binding file adds a pybind11 translation unit of its own (build time, see
+// tensor_arg.h).
 #pragma once
 
 #include <pybind11/pybind11.h>

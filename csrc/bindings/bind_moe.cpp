@@ -5,21 +5,21 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <stdexcept>
 
 #include "freetoken/attention.h"
+#include "freetoken/gdn.h"
 #include "freetoken/linear.h"
 #include "freetoken/moe.h"
-#include "freetoken/moe_block.h"
 #include "freetoken/q8.h"
 #include "bank_args.h"
+#include "runner.h"
 #include "tensor_arg.h"
 
 namespace freetoken::bindings {
-
-namespace {
 
 // One runner per process, created on first use with FREETOKEN_CPU_MOE_THREADS workers (default:
 // physical cores). NOTE: deliberately leaked so that no thread is joined during interpreter exit.
@@ -67,6 +67,32 @@ Isa resolve_isa(const std::optional<std::string>& requested) {
   }
   return isa;
 }
+
+// A torch fp32 tensor [rows, cols], filled by work(its data, the pool) on the process-wide
+// runner (queued behind earlier submissions, the GIL released while it waits); a
+// std::invalid_argument thrown by the work becomes a Python ValueError.
+py::object run_on_pool(int64_t rows, int64_t cols,
+                       std::function<void(float*, ThreadPool&)> work) {
+  const TorchRefs& torch = torch_refs();
+  py::object out = torch.empty(rows, cols, py::arg("dtype") = torch.float32);
+  float* data = reinterpret_cast<float*>(call_method(out, torch.data_ptr).cast<uintptr_t>());
+  MoeRunner& r = runner();
+  {
+    py::gil_scoped_release release;
+    MoeTicket ticket =
+        r.submit_work([data, work = std::move(work)](ThreadPool& pool) { work(data, pool); });
+    r.wait(ticket);
+    try {
+      ticket.done.get();
+    } catch (const std::invalid_argument& e) {
+      throw py::value_error(e.what());
+    }
+  }
+  return out;
+}
+
+namespace {
+
 
 // The pending result of one submit(); holds every tensor the kernel reads or writes.
 class MoeHandle {
@@ -235,188 +261,10 @@ py::object linear(const py::handle& x, const py::handle& w, const std::optional<
   p.format = wa.is_bf16 ? WeightFormat::kBf16 : WeightFormat::kFp32;
   p.w = wa.data;
   p.isa = resolve_isa(isa);
-  const TorchRefs& torch = torch_refs();
-  py::object out = torch.empty(p.rows, p.out_features, py::arg("dtype") = torch.float32);
-  p.out = reinterpret_cast<float*>(call_method(out, torch.data_ptr).cast<uintptr_t>());
-  MoeRunner& r = runner();
-  {
-    py::gil_scoped_release release;
-    MoeTicket ticket = r.submit_work([p](ThreadPool& pool) { linear_forward(p, pool); });
-    r.wait(ticket);
-    ticket.done.get();
-  }
-  return out;
-}
-
-// One decode step of a paged GQA attention layer (freetoken/attention.h) for B sequences;
-// returns out [B, H] fp32. Blocking, GIL released, queued behind earlier pool work.
-py::object attention_decode(const py::handle& x, const py::handle& qkv_w, const py::handle& o_w,
-                            const py::handle& q_norm, const py::handle& k_norm,
-                            const py::handle& cos, const py::handle& sin,
-                            const py::handle& pool_k, const py::handle& pool_v,
-                            const py::handle& kv_slots, const py::handle& kv_offsets,
-                            int64_t num_heads, int64_t num_kv_heads, bool gated, double eps,
-                            double scale, const std::optional<std::string>& isa) {
-  const std::vector<std::string> dense = {"float32", "bfloat16"};
-  TensorArg xa = check_tensor(x, "x", "[B, H]", 2, dense);
-  const std::vector<std::string> same = {xa.dtype};
-  TensorArg qa = check_tensor(qkv_w, "qkv_w", "[rows, H]", 2, same);
-  TensorArg oa = check_tensor(o_w, "o_w", "[H, nh * hd]", 2, same);
-  TensorArg pk = check_tensor(pool_k, "pool_k", "[slots, nkv, hd]", 3, same);
-  TensorArg pv = check_tensor(pool_v, "pool_v", "[slots, nkv, hd]", 3, same);
-  TensorArg qn = check_tensor(q_norm, "q_norm", "[hd]", 1, {"float32"});
-  TensorArg kn = check_tensor(k_norm, "k_norm", "[hd]", 1, {"float32"});
-  TensorArg ca = check_tensor(cos, "cos", "[B, rot / 2]", 2, {"float32"});
-  TensorArg sa = check_tensor(sin, "sin", "[B, rot / 2]", 2, {"float32"});
-  TensorArg sl = check_tensor(kv_slots, "kv_slots", "[N]", 1, {"int64"});
-  TensorArg of = check_tensor(kv_offsets, "kv_offsets", "[B + 1]", 1, {"int64"});
-  const int64_t B = xa.shape[0], H = xa.shape[1];
-  const int64_t slots = pk.shape[0], hd = pk.shape[2];
-  const auto fail = [](const std::string& what) { throw py::value_error(what); };
-  if (num_kv_heads < 1 || num_heads % num_kv_heads != 0) {
-    fail("num_heads " + std::to_string(num_heads) + " is not a multiple of num_kv_heads " +
-         std::to_string(num_kv_heads));
-  }
-  const int64_t nq = num_heads * hd, q_rows = nq * (gated ? 2 : 1);
-  if (pk.shape != pv.shape || pk.shape[1] != num_kv_heads) {
-    fail("pool_k " + shape_str(pk.shape) + " / pool_v " + shape_str(pv.shape) +
-         " must both be [slots, " + std::to_string(num_kv_heads) + ", hd]");
-  }
-  if (qa.shape[0] != q_rows + 2 * num_kv_heads * hd || qa.shape[1] != H) {
-    fail("qkv_w " + shape_str(qa.shape) + " must be [" +
-         std::to_string(q_rows + 2 * num_kv_heads * hd) + ", " + std::to_string(H) + "]");
-  }
-  if (oa.shape[0] != H || oa.shape[1] != nq) {
-    fail("o_w " + shape_str(oa.shape) + " must be [" + std::to_string(H) + ", " +
-         std::to_string(nq) + "]");
-  }
-  if (qn.shape[0] != hd || kn.shape[0] != hd) fail("q_norm / k_norm must be [hd]");
-  if (ca.shape != sa.shape || ca.shape[0] != B || 2 * ca.shape[1] > hd) {
-    fail("cos " + shape_str(ca.shape) + " / sin " + shape_str(sa.shape) + " must be [" +
-         std::to_string(B) + ", rot / 2] with rot <= head_dim");
-  }
-  if (of.shape[0] != B + 1) fail("kv_offsets must be [B + 1]");
-  const auto* off = static_cast<const int64_t*>(of.data);
-  for (int64_t b = 0; b <= B; ++b) {
-    if (off[b] < 0 || off[b] > sl.shape[0] || (b && off[b] < off[b - 1])) {
-      fail("kv_offsets must be non-decreasing within [0, " + std::to_string(sl.shape[0]) + "]");
-    }
-  }
-  DecodeAttentionProblem p;
-  p.batch = B;
-  p.hidden = H;
-  p.num_heads = num_heads;
-  p.num_kv_heads = num_kv_heads;
-  p.head_dim = hd;
-  p.rotary_half = ca.shape[1];
-  p.gated = gated;
-  p.bf16 = xa.is_bf16;
-  p.x = xa.data;
-  p.qkv_w = qa.data;
-  p.o_w = oa.data;
-  p.q_norm = static_cast<const float*>(qn.data);
-  p.k_norm = static_cast<const float*>(kn.data);
-  p.eps = static_cast<float>(eps);
-  p.scale = static_cast<float>(scale);
-  p.cos = static_cast<const float*>(ca.data);
-  p.sin = static_cast<const float*>(sa.data);
-  p.pool_k = pk.data;
-  p.pool_v = pv.data;
-  p.num_slots = slots;
-  p.kv_slots = static_cast<const int64_t*>(sl.data);
-  p.kv_offsets = off;
-  p.isa = resolve_isa(isa);
-  const TorchRefs& torch = torch_refs();
-  py::object out = torch.empty(B, H, py::arg("dtype") = torch.float32);
-  p.out = reinterpret_cast<float*>(call_method(out, torch.data_ptr).cast<uintptr_t>());
-  MoeRunner& r = runner();
-  {
-    py::gil_scoped_release release;
-    MoeTicket ticket = r.submit_work([p](ThreadPool& pool) { attention_decode(p, pool); });
-    r.wait(ticket);
-    try {
-      ticket.done.get();
-    } catch (const std::invalid_argument& e) {
-      throw py::value_error(e.what());
-    }
-  }
-  return out;
-}
-
-// One decode step of a sparse MoE block with resident dense experts (freetoken/moe_block.h);
-// returns (out [B, H] fp32 = h + block(h), topk_ids [B, k] int64). Blocking, GIL released.
-py::tuple moe_block_decode(const py::handle& h, const py::handle& norm, double eps,
-                           const py::handle& router, const py::handle& gate_up,
-                           const py::handle& down, const py::handle& shared_gate_up,
-                           const py::handle& shared_down, int64_t top_k, bool norm_topk_prob,
-                           const std::optional<std::string>& isa) {
-  TensorArg ha = check_tensor(h, "h", "[B, H]", 2, {"float32", "bfloat16"});
-  const std::vector<std::string> same = {ha.dtype};
-  TensorArg na = check_tensor(norm, "norm", "[H]", 1, {"float32"});
-  TensorArg ra = check_tensor(router, "router", "[E (+1), H]", 2, same);
-  TensorArg gu = check_tensor(gate_up, "gate_up", "[E, 2I, H]", 3, same);
-  TensorArg dn = check_tensor(down, "down", "[E, H, I]", 3, same);
-  const int64_t B = ha.shape[0], H = ha.shape[1], E = gu.shape[0], I = gu.shape[1] / 2;
-  const auto fail = [](const std::string& what) { throw py::value_error(what); };
-  const bool shared = !shared_gate_up.is_none();
-  if (shared == shared_down.is_none()) fail("shared_gate_up and shared_down go together");
-  if (na.shape[0] != H) fail("norm must be [" + std::to_string(H) + "]");
-  if (gu.shape[1] != 2 * I || gu.shape[2] != H || dn.shape != std::vector<int64_t>{E, H, I}) {
-    fail("gate_up " + shape_str(gu.shape) + " / down " + shape_str(dn.shape) +
-         " must be [E, 2I, " + std::to_string(H) + "] / [E, " + std::to_string(H) + ", I]");
-  }
-  if (ra.shape[0] != E + (shared ? 1 : 0) || ra.shape[1] != H) {
-    fail("router " + shape_str(ra.shape) + " must be [" + std::to_string(E + (shared ? 1 : 0)) +
-         ", " + std::to_string(H) + "]");
-  }
-  if (top_k < 1 || top_k > E) {
-    fail("top_k " + std::to_string(top_k) + " outside [1, " + std::to_string(E) + "]");
-  }
-  MoeBlockProblem p;
-  TensorArg sg, sd;
-  if (shared) {
-    sg = check_tensor(shared_gate_up, "shared_gate_up", "[2Is, H]", 2, same);
-    sd = check_tensor(shared_down, "shared_down", "[H, Is]", 2, same);
-    const int64_t is = sg.shape[0] / 2;
-    if (sg.shape[0] != 2 * is || sg.shape[1] != H || sd.shape != std::vector<int64_t>{H, is}) {
-      fail("shared_gate_up " + shape_str(sg.shape) + " / shared_down " + shape_str(sd.shape) +
-           " must be [2Is, " + std::to_string(H) + "] / [" + std::to_string(H) + ", Is]");
-    }
-    p.shared_intermediate = is;
-    p.shared_gate_up = sg.data;
-    p.shared_down = sd.data;
-  }
-  p.batch = B;
-  p.hidden = H;
-  p.num_experts = E;
-  p.intermediate = I;
-  p.top_k = top_k;
-  p.norm_topk_prob = norm_topk_prob;
-  p.bf16 = ha.is_bf16;
-  p.h = ha.data;
-  p.norm = static_cast<const float*>(na.data);
-  p.eps = static_cast<float>(eps);
-  p.router = ra.data;
-  p.gate_up = gu.data;
-  p.down = dn.data;
-  p.isa = resolve_isa(isa);
-  const TorchRefs& torch = torch_refs();
-  py::object out = torch.empty(B, H, py::arg("dtype") = torch.float32);
-  py::object int64;
-  for (const auto& [obj, name] : torch.dtypes) {
-    if (name == "int64") int64 = obj;
-  }
-  py::object ids = torch.empty(B, top_k, py::arg("dtype") = int64);
-  p.out = reinterpret_cast<float*>(call_method(out, torch.data_ptr).cast<uintptr_t>());
-  p.topk_ids = reinterpret_cast<int64_t*>(call_method(ids, torch.data_ptr).cast<uintptr_t>());
-  MoeRunner& r = runner();
-  {
-    py::gil_scoped_release release;
-    MoeTicket ticket = r.submit_work([p](ThreadPool& pool) { moe_block_decode(p, pool); });
-    r.wait(ticket);
-    ticket.done.get();
-  }
-  return py::make_tuple(out, ids);
+  return run_on_pool(p.rows, p.out_features, [p](float* out, ThreadPool& pool) mutable {
+    p.out = out;
+    linear_forward(p, pool);
+  });
 }
 
 // The q8 block quantiser on v [R, C] fp32 in column order (tests compare it with the torch one).
@@ -462,19 +310,6 @@ void bind_moe(py::module_& m) {
   m.def("linear", &linear, py::arg("x"), py::arg("w"), py::arg("isa") = py::none(),
         "Dense linear at decode sizes: x [T, C] fp32/bf16 @ w [R, C]^T (bf16 or fp32, "
         "contiguous CPU) -> [T, R] fp32, on the kernel's pool (blocking, GIL released).");
-  m.def("attention_decode", &attention_decode, py::arg("x"), py::arg("qkv_w"), py::arg("o_w"),
-        py::arg("q_norm"), py::arg("k_norm"), py::arg("cos"), py::arg("sin"), py::arg("pool_k"),
-        py::arg("pool_v"), py::arg("kv_slots"), py::arg("kv_offsets"), py::arg("num_heads"),
-        py::arg("num_kv_heads"), py::arg("gated"), py::arg("eps"), py::arg("scale"),
-        py::arg("isa") = py::none(),
-        "One decode step of a paged GQA attention layer for B sequences (freetoken/attention.h): "
-        "writes the new K/V into pool_k / pool_v, returns the o_proj output [B, H] fp32.");
-  m.def("moe_block_decode", &moe_block_decode, py::arg("h"), py::arg("norm"), py::arg("eps"),
-        py::arg("router"), py::arg("gate_up"), py::arg("down"), py::arg("shared_gate_up"),
-        py::arg("shared_down"), py::arg("top_k"), py::arg("norm_topk_prob"),
-        py::arg("isa") = py::none(),
-        "One decode step of a sparse MoE block with resident dense experts "
-        "(freetoken/moe_block.h): returns (h + block(h) [B, H] fp32, topk_ids [B, k] int64).");
   m.def("quantize_q8", &quantize_q8_natural, py::arg("v"),
         "Block int8 quantisation (freetoken/q8.h) of v [R, C] fp32 contiguous CPU, C a multiple "
         "of 32: returns (q [R, C] int8, d [R, C/32] fp32), column order.");
@@ -498,9 +333,14 @@ void bind_moe(py::module_& m) {
       rows.push_back(py::make_tuple(std::string(k.name), std::string(isa_name(k.needs)),
                                     attend_uses[k.id]));
     }
+    const std::vector<uint64_t> delta_uses = delta_rule_use_counts();
+    for (const DeltaRuleKernel& k : all_delta_rule_kernels()) {
+      rows.push_back(py::make_tuple(std::string(k.name), std::string(isa_name(k.needs)),
+                                    delta_uses[k.id]));
+    }
     return rows;
-  }, "Every CPU kernel (the rows_dot kernels, then the decode attention cores) as (name, lowest "
-     "ISA variant that runs it, calls in this process).");
+  }, "Every CPU kernel (the rows_dot kernels, then the decode attention cores and delta-rule "
+     "steps) as (name, lowest ISA variant that runs it, calls in this process).");
 }
 
 }  // namespace freetoken::bindings

@@ -64,14 +64,18 @@ class DecoderLayer(nn.Module):
         ``bounds[i]:bounds[i+1]``; its mixer runs on that slice with ``layer_states[i]`` and
         ``ctxs[i]``, the norms and the MLP / MoE run on all rows at once. With ``paged_decode``
         (one token per sequence, paged KV) an attention mixer runs all rows in one call
-        (:meth:`Attention.forward_paged_decode`) and so does a MoE block with resident experts,
-        its norm and residual included (:meth:`SparseMoE.forward_residual`). Returns
-        ``[sum T_i, H]``.
+        (:meth:`Attention.forward_paged_decode`), so does a Gated DeltaNet mixer unless a
+        recurrent-state snapshot is due (:meth:`GatedDeltaNet.forward_decode`), and so does a MoE
+        block with resident experts, its norm and residual included
+        (:meth:`SparseMoE.forward_residual`). Returns ``[sum T_i, H]``.
         """
         x = self.input_norm(h)
         fused = paged_decode is not None
         if fused and isinstance(self.mixer, Attention):
             h = h + self.mixer.forward_paged_decode(x, layer_states, paged_decode)
+        elif (fused and isinstance(self.mixer, GatedDeltaNet) and self.mixer.decode_fits(x)
+              and not any(ctx.capture for ctx in ctxs)):
+            h = h + self.mixer.forward_decode(x, layer_states)
         else:
             parts = [self.mixer(x[a:b], st, ctx)
                      for a, b, st, ctx in zip(bounds[:-1], bounds[1:], layer_states, ctxs)]
@@ -97,8 +101,8 @@ class DecoderLM(CausalLM):
     Attributes:
         moe_runtime: the offload runtime serving the routed experts, or None (resident).
         prefill_chunk: tokens per internal prefill chunk (bounds attention memory).
-        paged_decode: let a decode step over paged states run each attention layer, and each MoE
-            block with resident experts, for all sequences in one C++ call
+        paged_decode: let a decode step over paged states run each attention and Gated DeltaNet
+            layer, and each MoE block with resident experts, for all sequences in one C++ call
             (:meth:`_paged_decode_batch`); False keeps the per-sequence torch path (tests
             compare the two).
         decode_threads: intra-op threads used while consuming a single token (restored after);

@@ -24,7 +24,8 @@ from freetoken.models.norms import gated_rms_norm
 from freetoken.models.state import GDNState
 from freetoken.ops.causal_conv import causal_conv1d
 from freetoken.ops.gated_delta_rule import chunk_gated_delta_rule, recurrent_gated_delta_rule
-from freetoken.ops.linear import linear
+from freetoken.ops.gdn_decode import gdn_decode
+from freetoken.ops.linear import cpu_kernel_fits, linear
 
 L2_EPS = 1e-6
 
@@ -141,6 +142,29 @@ class GatedDeltaNet(nn.Module):
             core = rule(q, k, v, g, beta, state.recurrent)
         out = gated_rms_norm(core.to(x.dtype), z, self.norm_weight, self.eps)
         return linear(out.reshape(t, vd), self.out_weight)
+
+    def decode_fits(self, x: torch.Tensor) -> bool:
+        """Whether :meth:`forward_decode` takes ``x [B, H]`` (CPU, fp32 / bf16 like the
+        projections)."""
+        return cpu_kernel_fits(x[:1], self.in_weight, self.conv_weight, self.out_weight)
+
+    def forward_decode(self, x: torch.Tensor, states: list[GDNState]) -> torch.Tensor:
+        """One new token of each of ``B`` sequences in one C++ call
+        (:func:`~freetoken.ops.gdn_decode.gdn_decode`): the same math as :meth:`forward` per
+        sequence (recurrent form), each value it keeps in the model dtype rounded where it is.
+
+        Args:
+            x: ``[B, H]`` normed hidden states (row ``b`` = sequence ``b``).
+            states: each sequence's state of this layer, updated in place.
+
+        Returns:
+            ``[B, H]`` output after ``out_proj`` in ``x``'s dtype.
+        """
+        out = gdn_decode(x.contiguous(), self.in_weight, self.conv_weight, self.dt_bias,
+                         self.A_log, self.norm_weight, self.out_weight,
+                         [s.conv for s in states], [s.recurrent for s in states],
+                         num_k_heads=self.hk, num_v_heads=self.hv, eps=self.eps)
+        return out if x.dtype == torch.float32 else out.to(x.dtype)
 
     def _segments(self, q, k, v, g, beta, state: GDNState, conv_in: torch.Tensor,
                   conv_before: torch.Tensor, ctx) -> torch.Tensor:

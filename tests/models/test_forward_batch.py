@@ -9,6 +9,7 @@ import torch
 
 from freetoken.models import attention
 from freetoken.models.base import CausalLM, SequenceState
+from freetoken.models.gated_deltanet import GatedDeltaNet
 from freetoken.models.moe import SparseMoE
 from freetoken.models.paged import PagedKV, SlotTable
 from freetoken.models.registry import load_model
@@ -91,9 +92,9 @@ def _decode_run(ft, ids, paged_decode: bool, steps: int = 4):
 
 
 def test_paged_decode_runs_each_layer_in_one_call(model, monkeypatch) -> None:
-    """A decode step over paged states runs every attention layer and every MoE block once for
-    the whole batch (the C++ decode attention and MoE block) and equals the per-sequence torch
-    path at fp32, routing observed the same."""
+    """A decode step over paged states runs every attention layer, Gated DeltaNet layer and MoE
+    block once for the whole batch (the C++ decode ops) and equals the per-sequence torch path at
+    fp32, routing observed the same."""
     ft, ids = model
     calls = []
     attend = attention.Attention.forward_paged_decode
@@ -107,8 +108,15 @@ def test_paged_decode_runs_each_layer_in_one_call(model, monkeypatch) -> None:
         calls.append(("moe", h.shape[0]))
         return moe_block(self, h, norm)
 
+    gdn_step = GatedDeltaNet.forward_decode
+
+    def counted_gdn(self, x, states):
+        calls.append(("gdn", x.shape[0]))
+        return gdn_step(self, x, states)
+
     monkeypatch.setattr(attention.Attention, "forward_paged_decode", counted_attention)
     monkeypatch.setattr(SparseMoE, "forward_residual", counted_moe)
+    monkeypatch.setattr(GatedDeltaNet, "forward_decode", counted_gdn)
     routes = {True: [], False: []}
     for fused in (True, False):
         ft.set_routing_observer(lambda layer, ids_, f=fused: routes[f].append((layer, ids_)))
@@ -122,7 +130,9 @@ def test_paged_decode_runs_each_layer_in_one_call(model, monkeypatch) -> None:
         else:
             torch_path, torch_states = out
     attn, moe = len(ft._attention_layers()), len(ft.moe_blocks())
-    assert sorted(per_step) == sorted([("attention", 3)] * (4 * attn) + [("moe", 3)] * (4 * moe))
+    gdn = len(ft.layers) - attn
+    assert sorted(per_step) == sorted([("attention", 3)] * (4 * attn) + [("moe", 3)] * (4 * moe)
+                                      + [("gdn", 3)] * (4 * gdn))
     assert calls == []  # the per-sequence path runs no fused call
     assert [layer for layer, _ in routes[True]] == [layer for layer, _ in routes[False]]
     for (_, a), (_, b) in zip(routes[True], routes[False]):

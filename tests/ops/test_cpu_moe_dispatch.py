@@ -36,13 +36,15 @@ def _counts() -> dict[str, int]:
 def test_kernel_table_names_every_variant():
     table = kernels()
     names = [n for n, _, _ in table]
-    assert len(names) == len(set(names)) == 14
+    assert len(names) == len(set(names)) == 17
     assert {i for _, i, _ in table} == {"scalar", "avx2", "avx512", "avx512_bf16"}
     expected = {k for per_isa in EXPECTED.values() for k in per_isa.values()}
-    # the rows_dot kernels first, then the decode attention cores (tests/ops/test_attention_decode)
+    # the rows_dot kernels first, then the decode attention cores and delta-rule steps
+    # (tests/ops/test_attention_decode.py, tests/ops/test_gdn_decode.py)
     assert expected == set(names[:11])
     assert [(n, i) for n, i, _ in table[11:]] == [
-        ("attend_scalar", "scalar"), ("attend_avx2", "avx2"), ("attend_avx512", "avx512")]
+        (f"{kind}_{isa}", isa) for kind in ("attend", "delta_rule")
+        for isa in ("scalar", "avx2", "avx512")]
 
 
 @pytest.mark.parametrize("isa", ISAS)

@@ -1,5 +1,5 @@
-// attend_impl.h over a portable 16-float array (no ISA flags; separate multiply and add).
-#include "attend_impl.h"
+// decode_impl.h over a portable 16-float array (no ISA flags; separate multiply and add).
+#include "decode_impl.h"
 
 namespace freetoken {
 
@@ -43,5 +43,7 @@ struct V16 {
 }  // namespace
 
 void attend_chunk_scalar(const AttendArgs& a) { attend_chunk_impl<V16>(a); }
+
+void delta_rule_step_scalar(const DeltaRuleArgs& a) { delta_rule_step_impl<V16>(a); }
 
 }  // namespace freetoken

@@ -1,7 +1,7 @@
-// attend_impl.h with AVX2 + FMA: a 16-lane vector is two ymm registers (lanes 0-7, 8-15).
+// decode_impl.h with AVX2 + FMA: a 16-lane vector is two ymm registers (lanes 0-7, 8-15).
 #include <immintrin.h>
 
-#include "attend_impl.h"
+#include "decode_impl.h"
 
 namespace freetoken {
 
@@ -37,5 +37,7 @@ struct V16 {
 }  // namespace
 
 void attend_chunk_avx2(const AttendArgs& a) { attend_chunk_impl<V16>(a); }
+
+void delta_rule_step_avx2(const DeltaRuleArgs& a) { delta_rule_step_impl<V16>(a); }
 
 }  // namespace freetoken

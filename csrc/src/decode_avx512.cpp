@@ -1,11 +1,11 @@
-// attend_impl.h with AVX-512F: a 16-lane vector is one zmm register.
+// decode_impl.h with AVX-512F: a 16-lane vector is one zmm register.
 #include <immintrin.h>
 
 // NOTE: GCC 12 warns (-Wuninitialized) inside its own avx512fintrin.h on _mm256_undefined_*().
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
-#include "attend_impl.h"
+#include "decode_impl.h"
 
 namespace freetoken {
 
@@ -38,5 +38,7 @@ struct V16 {
 }  // namespace
 
 void attend_chunk_avx512(const AttendArgs& a) { attend_chunk_impl<V16>(a); }
+
+void delta_rule_step_avx512(const DeltaRuleArgs& a) { delta_rule_step_impl<V16>(a); }
 
 }  // namespace freetoken

@@ -1,9 +1,11 @@
-// The attention core of one decode chunk (freetoken/attention.h AttendArgs), written once over a
-// 16-lane fp32 vector type V that each variant defines with its own intrinsics (attend_<isa>.cpp):
-// V::zero(), V::load(const float*), V::load_bf16(const uint16_t*) (exact widening),
-// V::fma(a, b, acc) = acc + a * b, V::store(float*, v) and V::fold(v), which sums the lanes
+// The vector kernels of a decode step, written once over a 16-lane fp32 vector type V that each
+// ISA variant defines with its own intrinsics (decode_<isa>.cpp): the attention core of one
+// chunk (freetoken/attention.h AttendArgs) and one gated delta-rule step (freetoken/gdn.h).
+// V::zero(), V::broadcast(float), V::load(const float*), V::load_bf16(const uint16_t*) (exact
+// widening), V::fma(a, b, acc) = acc + a * b, V::store(float*, v) and V::fold(v), which sums the lanes
 // pairwise as (l, l + 8), then (l, l + 4), (l, l + 2), (l, l + 1). Every variant therefore adds
-// in the same order; only the rounding of a fused multiply-add differs.
+// in the same order; only the rounding of a fused multiply-add differs (the scalar variant
+// multiplies and adds separately).
 #pragma once
 
 #include <cmath>
@@ -11,6 +13,7 @@
 #include <cstring>
 
 #include "freetoken/attention.h"
+#include "freetoken/gdn.h"
 
 namespace freetoken {
 // Internal linkage: every variant keeps its own instantiation.
@@ -116,6 +119,36 @@ void attend_chunk_impl(const AttendArgs& a) {
       const float v = scalar_at(a.v, a.bf16, at + j);
       for (int64_t h = 0; h < g; ++h) a.acc[h * hd + j] += a.scores[h * n + i] * v;
     }
+  }
+}
+
+// dst[0:n] = src[0:n] * s (fma with a zero addend rounds like a product), or dst += src * s.
+template <class V>
+inline void scaled(float* dst, const float* src, float s, int64_t n, bool add) {
+  const V sv = V::broadcast(s);
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes) {
+    V::store(dst + j, V::fma(V::load(src + j), sv, add ? V::load(dst + j) : V::zero()));
+  }
+  for (; j < n; ++j) dst[j] = add ? dst[j] + src[j] * s : src[j] * s;
+}
+
+template <class V>
+void delta_rule_step_impl(const DeltaRuleArgs& a) {
+  const int64_t dk = a.k_dim, dv = a.v_dim;
+  float* pred = a.scratch;
+  std::memset(pred, 0, sizeof(float) * dv);
+  for (int64_t i = 0; i < dk; ++i) {  // S *= decay and pred = S^T k, one pass
+    float* row = a.state + i * dv;
+    scaled<V>(row, row, a.decay, dv, false);
+    scaled<V>(pred, row, a.k[i], dv, true);
+  }
+  for (int64_t j = 0; j < dv; ++j) pred[j] = (a.v[j] - pred[j]) * a.beta;  // delta
+  std::memset(a.out, 0, sizeof(float) * dv);
+  for (int64_t i = 0; i < dk; ++i) {  // S += k delta^T and out = S^T q, one pass
+    float* row = a.state + i * dv;
+    scaled<V>(row, pred, a.k[i], dv, true);
+    scaled<V>(a.out, row, a.q[i], dv, true);
   }
 }
 

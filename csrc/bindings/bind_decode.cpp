@@ -1,0 +1,281 @@
+// pybind11 glue for the decode ops (freetoken/attention.h, moe_block.h, gdn.h): argument checks,
+// then one blocking job on the process-wide runner (runner.h), GIL released.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "freetoken/attention.h"
+#include "freetoken/gdn.h"
+#include "freetoken/moe_block.h"
+#include "runner.h"
+#include "tensor_arg.h"
+
+namespace freetoken::bindings {
+
+namespace {
+
+// One decode step of a paged GQA attention layer (freetoken/attention.h) for B sequences;
+// returns out [B, H] fp32. Blocking, GIL released, queued behind earlier pool work.
+py::object attention_decode(const py::handle& x, const py::handle& qkv_w, const py::handle& o_w,
+                            const py::handle& q_norm, const py::handle& k_norm,
+                            const py::handle& cos, const py::handle& sin,
+                            const py::handle& pool_k, const py::handle& pool_v,
+                            const py::handle& kv_slots, const py::handle& kv_offsets,
+                            int64_t num_heads, int64_t num_kv_heads, bool gated, double eps,
+                            double scale, const std::optional<std::string>& isa) {
+  const std::vector<std::string> dense = {"float32", "bfloat16"};
+  TensorArg xa = check_tensor(x, "x", "[B, H]", 2, dense);
+  const std::vector<std::string> same = {xa.dtype};
+  TensorArg qa = check_tensor(qkv_w, "qkv_w", "[rows, H]", 2, same);
+  TensorArg oa = check_tensor(o_w, "o_w", "[H, nh * hd]", 2, same);
+  TensorArg pk = check_tensor(pool_k, "pool_k", "[slots, nkv, hd]", 3, same);
+  TensorArg pv = check_tensor(pool_v, "pool_v", "[slots, nkv, hd]", 3, same);
+  TensorArg qn = check_tensor(q_norm, "q_norm", "[hd]", 1, {"float32"});
+  TensorArg kn = check_tensor(k_norm, "k_norm", "[hd]", 1, {"float32"});
+  TensorArg ca = check_tensor(cos, "cos", "[B, rot / 2]", 2, {"float32"});
+  TensorArg sa = check_tensor(sin, "sin", "[B, rot / 2]", 2, {"float32"});
+  TensorArg sl = check_tensor(kv_slots, "kv_slots", "[N]", 1, {"int64"});
+  TensorArg of = check_tensor(kv_offsets, "kv_offsets", "[B + 1]", 1, {"int64"});
+  const int64_t B = xa.shape[0], H = xa.shape[1];
+  const int64_t slots = pk.shape[0], hd = pk.shape[2];
+  const auto fail = [](const std::string& what) { throw py::value_error(what); };
+  if (num_kv_heads < 1 || num_heads % num_kv_heads != 0) {
+    fail("num_heads " + std::to_string(num_heads) + " is not a multiple of num_kv_heads " +
+         std::to_string(num_kv_heads));
+  }
+  const int64_t nq = num_heads * hd, q_rows = nq * (gated ? 2 : 1);
+  if (pk.shape != pv.shape || pk.shape[1] != num_kv_heads) {
+    fail("pool_k " + shape_str(pk.shape) + " / pool_v " + shape_str(pv.shape) +
+         " must both be [slots, " + std::to_string(num_kv_heads) + ", hd]");
+  }
+  if (qa.shape[0] != q_rows + 2 * num_kv_heads * hd || qa.shape[1] != H) {
+    fail("qkv_w " + shape_str(qa.shape) + " must be [" +
+         std::to_string(q_rows + 2 * num_kv_heads * hd) + ", " + std::to_string(H) + "]");
+  }
+  if (oa.shape[0] != H || oa.shape[1] != nq) {
+    fail("o_w " + shape_str(oa.shape) + " must be [" + std::to_string(H) + ", " +
+         std::to_string(nq) + "]");
+  }
+  if (qn.shape[0] != hd || kn.shape[0] != hd) fail("q_norm / k_norm must be [hd]");
+  if (ca.shape != sa.shape || ca.shape[0] != B || 2 * ca.shape[1] > hd) {
+    fail("cos " + shape_str(ca.shape) + " / sin " + shape_str(sa.shape) + " must be [" +
+         std::to_string(B) + ", rot / 2] with rot <= head_dim");
+  }
+  if (of.shape[0] != B + 1) fail("kv_offsets must be [B + 1]");
+  const auto* off = static_cast<const int64_t*>(of.data);
+  for (int64_t b = 0; b <= B; ++b) {
+    if (off[b] < 0 || off[b] > sl.shape[0] || (b && off[b] < off[b - 1])) {
+      fail("kv_offsets must be non-decreasing within [0, " + std::to_string(sl.shape[0]) + "]");
+    }
+  }
+  DecodeAttentionProblem p;
+  p.batch = B;
+  p.hidden = H;
+  p.num_heads = num_heads;
+  p.num_kv_heads = num_kv_heads;
+  p.head_dim = hd;
+  p.rotary_half = ca.shape[1];
+  p.gated = gated;
+  p.bf16 = xa.is_bf16;
+  p.x = xa.data;
+  p.qkv_w = qa.data;
+  p.o_w = oa.data;
+  p.q_norm = static_cast<const float*>(qn.data);
+  p.k_norm = static_cast<const float*>(kn.data);
+  p.eps = static_cast<float>(eps);
+  p.scale = static_cast<float>(scale);
+  p.cos = static_cast<const float*>(ca.data);
+  p.sin = static_cast<const float*>(sa.data);
+  p.pool_k = pk.data;
+  p.pool_v = pv.data;
+  p.num_slots = slots;
+  p.kv_slots = static_cast<const int64_t*>(sl.data);
+  p.kv_offsets = off;
+  p.isa = resolve_isa(isa);
+  return run_on_pool(B, H, [p](float* out, ThreadPool& pool) mutable {
+    p.out = out;
+    attention_decode(p, pool);
+  });
+}
+
+// One decode step of a sparse MoE block with resident dense experts (freetoken/moe_block.h);
+// returns (out [B, H] fp32 = h + block(h), topk_ids [B, k] int64). Blocking, GIL released.
+py::tuple moe_block_decode(const py::handle& h, const py::handle& norm, double eps,
+                           const py::handle& router, const py::handle& gate_up,
+                           const py::handle& down, const py::handle& shared_gate_up,
+                           const py::handle& shared_down, int64_t top_k, bool norm_topk_prob,
+                           const std::optional<std::string>& isa) {
+  TensorArg ha = check_tensor(h, "h", "[B, H]", 2, {"float32", "bfloat16"});
+  const std::vector<std::string> same = {ha.dtype};
+  TensorArg na = check_tensor(norm, "norm", "[H]", 1, {"float32"});
+  TensorArg ra = check_tensor(router, "router", "[E (+1), H]", 2, same);
+  TensorArg gu = check_tensor(gate_up, "gate_up", "[E, 2I, H]", 3, same);
+  TensorArg dn = check_tensor(down, "down", "[E, H, I]", 3, same);
+  const int64_t B = ha.shape[0], H = ha.shape[1], E = gu.shape[0], I = gu.shape[1] / 2;
+  const auto fail = [](const std::string& what) { throw py::value_error(what); };
+  const bool shared = !shared_gate_up.is_none();
+  if (shared == shared_down.is_none()) fail("shared_gate_up and shared_down go together");
+  if (na.shape[0] != H) fail("norm must be [" + std::to_string(H) + "]");
+  if (gu.shape[1] != 2 * I || gu.shape[2] != H || dn.shape != std::vector<int64_t>{E, H, I}) {
+    fail("gate_up " + shape_str(gu.shape) + " / down " + shape_str(dn.shape) +
+         " must be [E, 2I, " + std::to_string(H) + "] / [E, " + std::to_string(H) + ", I]");
+  }
+  if (ra.shape[0] != E + (shared ? 1 : 0) || ra.shape[1] != H) {
+    fail("router " + shape_str(ra.shape) + " must be [" + std::to_string(E + (shared ? 1 : 0)) +
+         ", " + std::to_string(H) + "]");
+  }
+  if (top_k < 1 || top_k > E) {
+    fail("top_k " + std::to_string(top_k) + " outside [1, " + std::to_string(E) + "]");
+  }
+  MoeBlockProblem p;
+  TensorArg sg, sd;
+  if (shared) {
+    sg = check_tensor(shared_gate_up, "shared_gate_up", "[2Is, H]", 2, same);
+    sd = check_tensor(shared_down, "shared_down", "[H, Is]", 2, same);
+    const int64_t is = sg.shape[0] / 2;
+    if (sg.shape[0] != 2 * is || sg.shape[1] != H || sd.shape != std::vector<int64_t>{H, is}) {
+      fail("shared_gate_up " + shape_str(sg.shape) + " / shared_down " + shape_str(sd.shape) +
+           " must be [2Is, " + std::to_string(H) + "] / [" + std::to_string(H) + ", Is]");
+    }
+    p.shared_intermediate = is;
+    p.shared_gate_up = sg.data;
+    p.shared_down = sd.data;
+  }
+  p.batch = B;
+  p.hidden = H;
+  p.num_experts = E;
+  p.intermediate = I;
+  p.top_k = top_k;
+  p.norm_topk_prob = norm_topk_prob;
+  p.bf16 = ha.is_bf16;
+  p.h = ha.data;
+  p.norm = static_cast<const float*>(na.data);
+  p.eps = static_cast<float>(eps);
+  p.router = ra.data;
+  p.gate_up = gu.data;
+  p.down = dn.data;
+  p.isa = resolve_isa(isa);
+  const TorchRefs& torch = torch_refs();
+  py::object int64;
+  for (const auto& [obj, name] : torch.dtypes) {
+    if (name == "int64") int64 = obj;
+  }
+  py::object ids = torch.empty(B, top_k, py::arg("dtype") = int64);
+  p.topk_ids = reinterpret_cast<int64_t*>(call_method(ids, torch.data_ptr).cast<uintptr_t>());
+  py::object out = run_on_pool(B, H, [p](float* out, ThreadPool& pool) mutable {
+    p.out = out;
+    moe_block_decode(p, pool);
+  });
+  return py::make_tuple(out, ids);
+}
+
+// One decode step of a Gated DeltaNet layer for B sequences (freetoken/gdn.h); updates each
+// sequence's conv / recurrent state in place and returns out [B, H] fp32. Blocking, GIL released.
+py::object gdn_decode(const py::handle& x, const py::handle& in_w, const py::handle& conv_w,
+                      const py::handle& dt_bias, const py::handle& a_log,
+                      const py::handle& norm_w, const py::handle& out_w,
+                      const py::list& conv_states, const py::list& recurrent,
+                      int64_t num_k_heads, int64_t num_v_heads, double eps,
+                      const std::optional<std::string>& isa) {
+  TensorArg xa = check_tensor(x, "x", "[B, H]", 2, {"float32", "bfloat16"});
+  const std::vector<std::string> same = {xa.dtype};
+  TensorArg ia = check_tensor(in_w, "in_w", "[rows, H]", 2, same);
+  TensorArg ca = check_tensor(conv_w, "conv_w", "[conv_dim, K]", 2, same);
+  TensorArg oa = check_tensor(out_w, "out_w", "[H, Hv * dv]", 2, same);
+  TensorArg dt = check_tensor(dt_bias, "dt_bias", "[Hv]", 1, {"float32"});
+  TensorArg al = check_tensor(a_log, "a_log", "[Hv]", 1, {"float32"});
+  TensorArg nw = check_tensor(norm_w, "norm_w", "[dv]", 1, {"float32"});
+  const int64_t B = xa.shape[0], H = xa.shape[1];
+  const auto fail = [](const std::string& what) { throw py::value_error(what); };
+  if (static_cast<int64_t>(conv_states.size()) != B ||
+      static_cast<int64_t>(recurrent.size()) != B) {
+    fail("conv_states and recurrent need one tensor per sequence (" + std::to_string(B) + ")");
+  }
+  if (num_k_heads < 1 || num_v_heads % num_k_heads != 0) {
+    fail("num_v_heads " + std::to_string(num_v_heads) + " is not a multiple of num_k_heads " +
+         std::to_string(num_k_heads));
+  }
+  if (nw.shape[0] < 1 || oa.shape[0] != H || oa.shape[1] != num_v_heads * nw.shape[0]) {
+    fail("out_w " + shape_str(oa.shape) + " must be [" + std::to_string(H) + ", Hv * dv]");
+  }
+  const int64_t dv = nw.shape[0], value_dim = num_v_heads * dv;
+  const int64_t conv_dim = ca.shape[0], K = ca.shape[1];
+  const int64_t key_dim = (conv_dim - value_dim) / 2, dk = key_dim / num_k_heads;
+  if (K < 1 || key_dim <= 0 || 2 * key_dim + value_dim != conv_dim || dk * num_k_heads != key_dim) {
+    fail("conv_w " + shape_str(ca.shape) + " must be [2 * Hk * dk + Hv * dv, K]");
+  }
+  if (ia.shape[0] != conv_dim + value_dim + 2 * num_v_heads || ia.shape[1] != H) {
+    fail("in_w " + shape_str(ia.shape) + " must be [" +
+         std::to_string(conv_dim + value_dim + 2 * num_v_heads) + ", " + std::to_string(H) + "]");
+  }
+  if (dt.shape[0] != num_v_heads || al.shape[0] != num_v_heads) {
+    fail("dt_bias / a_log must be [" + std::to_string(num_v_heads) + "]");
+  }
+  GdnDecodeProblem p;
+  std::vector<TensorArg> keep;
+  for (int64_t b = 0; b < B; ++b) {
+    TensorArg c = check_tensor(conv_states[b], "conv_states[b]", "[conv_dim, K-1]", 2, same);
+    TensorArg r = check_tensor(recurrent[b], "recurrent[b]", "[Hv, dk, dv]", 3, {"float32"});
+    if (c.shape != std::vector<int64_t>{conv_dim, K - 1} ||
+        r.shape != std::vector<int64_t>{num_v_heads, dk, dv}) {
+      fail("sequence " + std::to_string(b) + ": conv state " + shape_str(c.shape) +
+           " / recurrent state " + shape_str(r.shape) + " must be [" + std::to_string(conv_dim) +
+           ", " + std::to_string(K - 1) + "] / [" + std::to_string(num_v_heads) + ", " +
+           std::to_string(dk) + ", " + std::to_string(dv) + "]");
+    }
+    p.conv_state.push_back(c.data);
+    p.recurrent.push_back(static_cast<float*>(r.data));
+    keep.push_back(std::move(c));
+    keep.push_back(std::move(r));
+  }
+  p.batch = B;
+  p.hidden = H;
+  p.num_k_heads = num_k_heads;
+  p.num_v_heads = num_v_heads;
+  p.k_dim = dk;
+  p.v_dim = dv;
+  p.conv_kernel = K;
+  p.bf16 = xa.is_bf16;
+  p.x = xa.data;
+  p.in_w = ia.data;
+  p.conv_w = ca.data;
+  p.dt_bias = static_cast<const float*>(dt.data);
+  p.a_log = static_cast<const float*>(al.data);
+  p.norm_w = static_cast<const float*>(nw.data);
+  p.eps = static_cast<float>(eps);
+  p.out_w = oa.data;
+  p.isa = resolve_isa(isa);
+  return run_on_pool(B, H, [p](float* out, ThreadPool& pool) mutable {
+    p.out = out;
+    gdn_decode(p, pool);
+  });
+}
+
+}  // namespace
+
+void bind_decode(py::module_& m) {
+  m.def("attention_decode", &attention_decode, py::arg("x"), py::arg("qkv_w"), py::arg("o_w"),
+        py::arg("q_norm"), py::arg("k_norm"), py::arg("cos"), py::arg("sin"), py::arg("pool_k"),
+        py::arg("pool_v"), py::arg("kv_slots"), py::arg("kv_offsets"), py::arg("num_heads"),
+        py::arg("num_kv_heads"), py::arg("gated"), py::arg("eps"), py::arg("scale"),
+        py::arg("isa") = py::none(),
+        "One decode step of a paged GQA attention layer for B sequences (freetoken/attention.h): "
+        "writes the new K/V into pool_k / pool_v, returns the o_proj output [B, H] fp32.");
+  m.def("moe_block_decode", &moe_block_decode, py::arg("h"), py::arg("norm"), py::arg("eps"),
+        py::arg("router"), py::arg("gate_up"), py::arg("down"), py::arg("shared_gate_up"),
+        py::arg("shared_down"), py::arg("top_k"), py::arg("norm_topk_prob"),
+        py::arg("isa") = py::none(),
+        "One decode step of a sparse MoE block with resident dense experts "
+        "(freetoken/moe_block.h): returns (h + block(h) [B, H] fp32, topk_ids [B, k] int64).");
+  m.def("gdn_decode", &gdn_decode, py::arg("x"), py::arg("in_w"), py::arg("conv_w"),
+        py::arg("dt_bias"), py::arg("a_log"), py::arg("norm_w"), py::arg("out_w"),
+        py::arg("conv_states"), py::arg("recurrent"), py::arg("num_k_heads"),
+        py::arg("num_v_heads"), py::arg("eps"), py::arg("isa") = py::none(),
+        "One decode step of a Gated DeltaNet layer for B sequences (freetoken/gdn.h): updates "
+        "the conv / recurrent states in place, returns the out_proj output [B, H] fp32.");
+}
+
+}  // namespace freetoken::bindings
