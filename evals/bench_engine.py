@@ -11,7 +11,11 @@ after the other on 127.0.0.1, and each gets the same streamed ``/v1/completions`
   run's prompt starts with a different token, so no prefix cache applies);
 
 and the ratio llama.cpp / FreeToken of each (decode: ms ratio, >= 1 means FreeToken is at least
-as fast; prefill: tok/s ratio FreeToken / llama.cpp). The prompts are random token ids of the
+as fast; prefill: tok/s ratio FreeToken / llama.cpp). Per ``--concurrency`` count c it sends c
+streamed requests of ``--concurrent-prompt`` new tokens at once and reports the aggregate decode
+tok/s while all of them decode (tokens arriving between the latest first token and the earliest
+last one, over that span; llama-server gets c slots), its ratio FreeToken / llama.cpp and each
+engine's gain over its lowest count. The prompts are random token ids of the
 checkpoint's vocabulary (both engines get the ids, so tokenisers cannot differ).
 
 llama.cpp comes from ``evals/peers/build_llamacpp_tools.sh`` (its own llama-server, built once
@@ -33,6 +37,7 @@ import statistics
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -82,8 +87,10 @@ def _wait_ready(url: str, proc: subprocess.Popen, timeout: float = 600.0) -> Non
     raise TimeoutError(f"{url} not ready after {timeout} s")
 
 
-def _stream(url: str, prompt: list[int], tokens: int) -> tuple[float, float, int]:
-    """(seconds to first token, seconds first -> last token, completion tokens)."""
+def _stream(url: str, prompt: list[int], tokens: int,
+            arrivals: list[float] | None = None) -> tuple[float, float, int]:
+    """(seconds to first token, seconds first -> last token, completion tokens); each text
+    chunk's ``perf_counter`` time is appended to ``arrivals`` when given."""
     body = {"model": "m", "prompt": prompt, "max_tokens": tokens, "temperature": 0,
             "stream": True, "ignore_eos": True, "stream_options": {"include_usage": True}}
     t0 = time.perf_counter()
@@ -99,6 +106,8 @@ def _stream(url: str, prompt: list[int], tokens: int) -> tuple[float, float, int
             if chunk.get("choices") and chunk["choices"][0].get("text") is not None:
                 first = first or now
                 last = now
+                if arrivals is not None:
+                    arrivals.append(now)
             usage = chunk.get("usage")
             if usage:
                 count = usage.get("completion_tokens", count)
@@ -107,29 +116,51 @@ def _stream(url: str, prompt: list[int], tokens: int) -> tuple[float, float, int
     return first - t0, last - first, count
 
 
-def measure(url: str, prompt_lens: list[int], tokens: int, repeats: int, vocab: int,
-            seed: int) -> dict[int, dict[str, float]]:
-    """Per prompt length: median decode ms/token and prefill tok/s over ``repeats`` runs."""
-    rng = random.Random(seed)
+def concurrent_decode(url: str, prompts: list[list[int]], tokens: int) -> float:
+    """Aggregate decode tok/s of ``len(prompts)`` streamed requests sent at once, while all of
+    them decode: the tokens that arrive between the latest first token and the earliest last
+    token, over that span (prefill of the later requests is outside it)."""
+    arrivals: list[list[float]] = [[] for _ in prompts]
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        list(pool.map(lambda i: _stream(url, prompts[i], tokens, arrivals[i]),
+                      range(len(prompts))))
+    start, end = max(a[0] for a in arrivals), min(a[-1] for a in arrivals)
+    if end <= start:
+        raise RuntimeError("the requests never decoded together; raise --tokens")
+    inside = sum(start < t <= end for a in arrivals for t in a)
+    return inside / (end - start)
+
+
+def measure(url: str, args: argparse.Namespace, vocab: int) -> dict:
+    """Per prompt length the median decode ms/token and prefill tok/s over ``args.repeats``
+    runs; per concurrency the median aggregate decode tok/s (:func:`concurrent_decode`)."""
+    rng = random.Random(args.seed)
     _stream(url, [rng.randrange(vocab) for _ in range(8)], 4)  # warm-up
-    out = {}
-    for n in prompt_lens:
+    out: dict = {"prompts": {}, "concurrency": {}}
+    for n in args.prompts:
         decode, prefill = [], []
-        for _ in range(repeats):
+        for _ in range(args.repeats):
             prompt = [rng.randrange(vocab) for _ in range(n)]
-            ttft, span, count = _stream(url, prompt, tokens)
+            ttft, span, count = _stream(url, prompt, args.tokens)
             decode.append(1e3 * span / max(count - 1, 1))
             prefill.append(n / ttft)
-        out[n] = {"decode_ms": statistics.median(decode), "prefill_tok_s": statistics.median(prefill)}
+        out["prompts"][n] = {"decode_ms": statistics.median(decode),
+                             "prefill_tok_s": statistics.median(prefill)}
+    n = args.concurrent_prompt
+    for c in args.concurrency:
+        rates = [concurrent_decode(url, [[rng.randrange(vocab) for _ in range(n)]
+                                         for _ in range(c)], args.tokens)
+                 for _ in range(args.repeats)]
+        out["concurrency"][c] = statistics.median(rates)
     return out
 
 
 def run_engine(cmd: list[str], url: str, args: argparse.Namespace, vocab: int,
-               env: dict | None = None) -> dict[int, dict[str, float]]:
+               env: dict | None = None) -> dict:
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, env=env)
     try:
         _wait_ready(url, proc)
-        return measure(url, args.prompts, args.tokens, args.repeats, vocab, args.seed)
+        return measure(url, args, vocab)
     finally:
         proc.terminate()
         try:
@@ -152,6 +183,11 @@ def _lengths(text: str) -> list[int]:
     return [_positive(p) for p in text.split(",") if p.strip()] or [_positive("")]
 
 
+def _counts(text: str) -> list[int]:
+    """A comma list of positive integers, or the empty string for none."""
+    return [_positive(p) for p in text.split(",") if p.strip()]
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", type=Path, default=None,
@@ -160,6 +196,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--prompts", type=_lengths, default="16,512,2048",
                     help="comma list of prompt lengths")
     ap.add_argument("--tokens", type=_positive, default=64, help="completion tokens per request")
+    ap.add_argument("--concurrency", type=_counts, default="1,4,8",
+                    help="comma list of concurrent request counts for the aggregate decode rows "
+                         "('' for none)")
+    ap.add_argument("--concurrent-prompt", type=_positive, default=32,
+                    help="prompt tokens of each concurrent request")
     ap.add_argument("--repeats", type=_positive, default=3, help="requests per prompt length")
     ap.add_argument("--threads", type=_positive, default=os.cpu_count() or 1,
                     help="llama.cpp threads (FreeToken picks its own)")
@@ -183,14 +224,16 @@ def main(argv: list[str] | None = None) -> int:
     outtype = "bf16" if config.get("torch_dtype") == "bfloat16" else "f32"
     bin_dir, gguf_python = _tools()
     gguf = _gguf(args.model, gguf_python, outtype)
-    ctx = max(args.prompts) + args.tokens + 64
+    slots = max([1, *args.concurrency])
+    per_slot = max(args.prompts + [args.concurrent_prompt]) + args.tokens + 64
     ft_port, ll_port = 8431, 8432
     ft = run_engine([sys.executable, "-m", "freetoken", "serve", "--model", str(args.model),
                      "--port", str(ft_port), *args.freetoken_args.split()],
                     f"http://127.0.0.1:{ft_port}", args, vocab)
     env = dict(os.environ, LD_LIBRARY_PATH=str(bin_dir))
     ll = run_engine([str(bin_dir / "llama-server"), "-m", str(gguf), "--port", str(ll_port),
-                     "-t", str(args.threads), "-c", str(ctx), "-np", "1", "--no-webui"],
+                     "-t", str(args.threads), "-c", str(slots * per_slot), "-np", str(slots),
+                     "--no-webui"],
                     f"http://127.0.0.1:{ll_port}", args, vocab, env)
     rows = []
     print(f"model {args.model.name} ({outtype}), {args.tokens} tokens, median of {args.repeats}; "
@@ -198,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'prompt':>7} {'decode ms/tok FT':>17} {'llama.cpp':>10} {'ratio':>6}   "
           f"{'prefill tok/s FT':>17} {'llama.cpp':>10} {'ratio':>6}")
     for n in args.prompts:
-        a, b = ft[n], ll[n]
+        a, b = ft["prompts"][n], ll["prompts"][n]
         row = dict(prompt=n, freetoken_decode_ms=a["decode_ms"], llamacpp_decode_ms=b["decode_ms"],
                    decode_ratio=b["decode_ms"] / a["decode_ms"],
                    freetoken_prefill_tok_s=a["prefill_tok_s"],
@@ -207,8 +250,23 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(row)
         print(f"{n:>7} {a['decode_ms']:>17.2f} {b['decode_ms']:>10.2f} {row['decode_ratio']:>6.2f}   "
               f"{a['prefill_tok_s']:>17.0f} {b['prefill_tok_s']:>10.0f} {row['prefill_ratio']:>6.2f}")
+    concurrency = []
+    if args.concurrency:
+        print(f"{'concurrent':>10} {'agg decode tok/s FT':>20} {'llama.cpp':>10} {'ratio':>6}   "
+              f"{'FT x single':>11} {'llama.cpp x single':>18}")
+    single = {name: res["concurrency"].get(min(args.concurrency or [1]))
+              for name, res in (("ft", ft), ("ll", ll))}
+    for c in args.concurrency:
+        a, b = ft["concurrency"][c], ll["concurrency"][c]
+        row = dict(concurrency=c, freetoken_decode_tok_s=a, llamacpp_decode_tok_s=b,
+                   ratio=a / b, freetoken_scaling=a / single["ft"],
+                   llamacpp_scaling=b / single["ll"])
+        concurrency.append(row)
+        print(f"{c:>10} {a:>20.1f} {b:>10.1f} {row['ratio']:>6.2f}   "
+              f"{row['freetoken_scaling']:>11.2f} {row['llamacpp_scaling']:>18.2f}")
     if args.json:
         args.json.write_text(json.dumps({"model": str(args.model), "rows": rows,
+                                         "concurrency": concurrency,
                                          "freetoken_args": args.freetoken_args}, indent=2))
     return 0
 

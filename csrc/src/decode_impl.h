@@ -2,8 +2,8 @@
 // ISA variant defines with its own intrinsics (decode_<isa>.cpp): the attention core of one
 // chunk (freetoken/attention.h AttendArgs) and one gated delta-rule step (freetoken/gdn.h).
 // V::zero(), V::broadcast(float), V::load(const float*), V::load_bf16(const uint16_t*) (exact
-// widening), V::fma(a, b, acc) = acc + a * b, V::store(float*, v) and V::fold(v), which sums the lanes
-// pairwise as (l, l + 8), then (l, l + 4), (l, l + 2), (l, l + 1). Every variant therefore adds
+// widening), V::fma(a, b, acc) = acc + a * b, V::store(float*, v) and V::fold(v), which sums the
+// lanes pairwise as (l, l + 8), then (l, l + 4), (l, l + 2), (l, l + 1). Every variant adds
 // in the same order; only the rounding of a fused multiply-add differs (the scalar variant
 // multiplies and adds separately).
 #pragma once
