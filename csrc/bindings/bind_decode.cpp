@@ -17,6 +17,17 @@ namespace freetoken::bindings {
 
 namespace {
 
+// The optional input RMSNorm multiplier of a decode op: None, or [H] fp32 (kept alive by arg).
+const float* input_norm_of(const py::handle& input_norm, int64_t hidden, TensorArg& arg) {
+  if (input_norm.is_none()) return nullptr;
+  arg = check_tensor(input_norm, "input_norm", "[H]", 1, {"float32"});
+  if (arg.shape[0] != hidden) {
+    throw py::value_error("input_norm " + shape_str(arg.shape) + " must be [" +
+                          std::to_string(hidden) + "]");
+  }
+  return static_cast<const float*>(arg.data);
+}
+
 // One decode step of a paged GQA attention layer (freetoken/attention.h) for B sequences;
 // returns out [B, H] fp32. Blocking, GIL released, queued behind earlier pool work.
 py::object attention_decode(const py::handle& x, const py::handle& qkv_w, const py::handle& o_w,
@@ -25,7 +36,8 @@ py::object attention_decode(const py::handle& x, const py::handle& qkv_w, const 
                             const py::handle& pool_k, const py::handle& pool_v,
                             const py::handle& kv_slots, const py::handle& kv_offsets,
                             int64_t num_heads, int64_t num_kv_heads, bool gated, double eps,
-                            double scale, const std::optional<std::string>& isa) {
+                            double scale, const py::handle& input_norm, double input_eps,
+                            const std::optional<std::string>& isa) {
   const std::vector<std::string> dense = {"float32", "bfloat16"};
   TensorArg xa = check_tensor(x, "x", "[B, H]", 2, dense);
   const std::vector<std::string> same = {xa.dtype};
@@ -94,6 +106,9 @@ py::object attention_decode(const py::handle& x, const py::handle& qkv_w, const 
   p.num_slots = slots;
   p.kv_slots = static_cast<const int64_t*>(sl.data);
   p.kv_offsets = off;
+  TensorArg norm_arg;
+  p.input_norm = input_norm_of(input_norm, H, norm_arg);
+  p.input_eps = static_cast<float>(input_eps);
   p.isa = resolve_isa(isa);
   return run_on_pool(B, H, [p](float* out, ThreadPool& pool) mutable {
     p.out = out;
@@ -179,6 +194,7 @@ py::object gdn_decode(const py::handle& x, const py::handle& in_w, const py::han
                       const py::handle& norm_w, const py::handle& out_w,
                       const py::list& conv_states, const py::list& recurrent,
                       int64_t num_k_heads, int64_t num_v_heads, double eps,
+                      const py::handle& input_norm, double input_eps,
                       const std::optional<std::string>& isa) {
   TensorArg xa = check_tensor(x, "x", "[B, H]", 2, {"float32", "bfloat16"});
   const std::vector<std::string> same = {xa.dtype};
@@ -247,6 +263,9 @@ py::object gdn_decode(const py::handle& x, const py::handle& in_w, const py::han
   p.norm_w = static_cast<const float*>(nw.data);
   p.eps = static_cast<float>(eps);
   p.out_w = oa.data;
+  TensorArg norm_arg;
+  p.input_norm = input_norm_of(input_norm, H, norm_arg);
+  p.input_eps = static_cast<float>(input_eps);
   p.isa = resolve_isa(isa);
   return run_on_pool(B, H, [p](float* out, ThreadPool& pool) mutable {
     p.out = out;
@@ -261,9 +280,11 @@ void bind_decode(py::module_& m) {
         py::arg("q_norm"), py::arg("k_norm"), py::arg("cos"), py::arg("sin"), py::arg("pool_k"),
         py::arg("pool_v"), py::arg("kv_slots"), py::arg("kv_offsets"), py::arg("num_heads"),
         py::arg("num_kv_heads"), py::arg("gated"), py::arg("eps"), py::arg("scale"),
+        py::arg("input_norm") = py::none(), py::arg("input_eps") = 1e-6,
         py::arg("isa") = py::none(),
         "One decode step of a paged GQA attention layer for B sequences (freetoken/attention.h): "
-        "writes the new K/V into pool_k / pool_v, returns the o_proj output [B, H] fp32.");
+        "writes the new K/V into pool_k / pool_v, returns the o_proj output [B, H] fp32 (with "
+        "input_norm: x is the residual stream h, returns h + o_proj(attention(RMSNorm(h)))).");
   m.def("moe_block_decode", &moe_block_decode, py::arg("h"), py::arg("norm"), py::arg("eps"),
         py::arg("router"), py::arg("gate_up"), py::arg("down"), py::arg("shared_gate_up"),
         py::arg("shared_down"), py::arg("top_k"), py::arg("norm_topk_prob"),
@@ -273,9 +294,11 @@ void bind_decode(py::module_& m) {
   m.def("gdn_decode", &gdn_decode, py::arg("x"), py::arg("in_w"), py::arg("conv_w"),
         py::arg("dt_bias"), py::arg("a_log"), py::arg("norm_w"), py::arg("out_w"),
         py::arg("conv_states"), py::arg("recurrent"), py::arg("num_k_heads"),
-        py::arg("num_v_heads"), py::arg("eps"), py::arg("isa") = py::none(),
+        py::arg("num_v_heads"), py::arg("eps"), py::arg("input_norm") = py::none(),
+        py::arg("input_eps") = 1e-6, py::arg("isa") = py::none(),
         "One decode step of a Gated DeltaNet layer for B sequences (freetoken/gdn.h): updates "
-        "the conv / recurrent states in place, returns the out_proj output [B, H] fp32.");
+        "the conv / recurrent states in place, returns the out_proj output [B, H] fp32 (with "
+        "input_norm: x is the residual stream h, returns h + out_proj(...(RMSNorm(h)))).");
 }
 
 }  // namespace freetoken::bindings

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "freetoken/linear.h"
+#include "freetoken/residual.h"
 
 namespace freetoken {
 
@@ -113,10 +114,14 @@ void attention_decode(const DecodeAttentionProblem& p, ThreadPool& pool) {
     }
   }
   const WeightFormat format = p.bf16 ? WeightFormat::kBf16 : WeightFormat::kFp32;
+  NormedRows normed;
+  if (p.input_norm != nullptr) {
+    normed = rms_norm_rows(p.x, p.bf16, B, p.hidden, p.input_norm, p.input_eps);
+  }
   std::vector<float> qkv(B * rows);
   LinearProblem proj;
-  proj.x = p.x;
-  proj.x_is_bf16 = p.bf16;
+  proj.x = p.input_norm != nullptr ? static_cast<const void*>(normed.x.data()) : p.x;
+  proj.x_is_bf16 = p.bf16 && p.input_norm == nullptr;
   proj.rows = B;
   proj.in = p.hidden;
   proj.out_features = rows;
@@ -234,9 +239,8 @@ void attention_decode(const DecodeAttentionProblem& p, ThreadPool& pool) {
   o.out_features = p.hidden;
   o.format = format;
   o.w = p.o_w;
-  o.out = p.out;
   o.isa = p.isa;
-  linear_forward(o, pool);
+  project_residual(o, p.input_norm != nullptr ? normed.h.data() : nullptr, p.bf16, p.out, pool);
 }
 
 }  // namespace freetoken

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "freetoken/linear.h"
+#include "freetoken/residual.h"
 
 namespace freetoken {
 
@@ -87,10 +88,14 @@ void gdn_decode(const GdnDecodeProblem& p, ThreadPool& pool) {
   const WeightFormat format = p.bf16 ? WeightFormat::kBf16 : WeightFormat::kFp32;
   const auto kept = [&](float v) { return p.bf16 ? round_to_bf16(v) : v; };
 
+  NormedRows normed;
+  if (p.input_norm != nullptr) {
+    normed = rms_norm_rows(p.x, p.bf16, B, p.hidden, p.input_norm, p.input_eps);
+  }
   std::vector<float> proj(B * rows);
   LinearProblem in;
-  in.x = p.x;
-  in.x_is_bf16 = p.bf16;
+  in.x = p.input_norm != nullptr ? static_cast<const void*>(normed.x.data()) : p.x;
+  in.x_is_bf16 = p.bf16 && p.input_norm == nullptr;
   in.rows = B;
   in.in = p.hidden;
   in.out_features = rows;
@@ -174,9 +179,8 @@ void gdn_decode(const GdnDecodeProblem& p, ThreadPool& pool) {
   o.out_features = p.hidden;
   o.format = format;
   o.w = p.out_w;
-  o.out = p.out;
   o.isa = p.isa;
-  linear_forward(o, pool);
+  project_residual(o, p.input_norm != nullptr ? normed.h.data() : nullptr, p.bf16, p.out, pool);
 }
 
 }  // namespace freetoken

@@ -10,6 +10,7 @@
 
 #include "freetoken/linear.h"
 #include "freetoken/moe.h"
+#include "freetoken/residual.h"
 
 namespace freetoken {
 
@@ -31,21 +32,10 @@ void moe_block_decode(const MoeBlockProblem& p, ThreadPool& pool) {
   const auto kept = [&](float v) { return p.bf16 ? round_to_bf16(v) : v; };
   const WeightFormat format = p.bf16 ? WeightFormat::kBf16 : WeightFormat::kFp32;
 
-  // residual stream as fp32, and x = RMSNorm(h) (F.rms_norm in fp32, then the model dtype)
-  std::vector<float> h(B * H), x(B * H);
-  if (p.bf16) {
-    widen_bf16(static_cast<const uint16_t*>(p.h), h.data(), B * H);
-  } else {
-    std::copy_n(static_cast<const float*>(p.h), B * H, h.data());
-  }
-  for (int64_t b = 0; b < B; ++b) {
-    const float* src = h.data() + b * H;
-    float ss = 0.0f;
-    for (int64_t i = 0; i < H; ++i) ss += src[i] * src[i];
-    const float r = 1.0f / std::sqrt(ss / static_cast<float>(H) + p.eps);
-    for (int64_t i = 0; i < H; ++i) x[b * H + i] = src[i] * r * p.norm[i];
-  }
-  keep(x.data(), B * H);
+  // residual stream as fp32, and x = RMSNorm(h) in the model dtype
+  const NormedRows normed = rms_norm_rows(p.h, p.bf16, B, H, p.norm, p.eps);
+  const std::vector<float>& h = normed.h;
+  const std::vector<float>& x = normed.x;
 
   const auto project = [&](const float* in, int64_t cols, const void* w, int64_t out_rows,
                            float* out) {
@@ -120,7 +110,7 @@ void moe_block_decode(const MoeBlockProblem& p, ThreadPool& pool) {
       }
     }
   }
-  for (int64_t i = 0; i < B * H; ++i) p.out[i] = kept(h[i] + routed[i]);
+  residual_add(h.data(), routed.data(), p.bf16, p.out, B * H);
 }
 
 }  // namespace freetoken

@@ -162,30 +162,32 @@ class Attention(nn.Module):
         weights)."""
         return cpu_kernel_fits(x[:1], self.qkv_weight, self.o_weight)
 
-    def forward_paged_decode(self, x: torch.Tensor, caches: list[PagedKV],
+    def forward_paged_decode(self, h: torch.Tensor, norm: RMSNorm, caches: list[PagedKV],
                              batch: PagedDecodeBatch) -> torch.Tensor:
-        """One new token of each of ``B`` sequences in one C++ call
+        """``h + self(norm(h))`` for one new token of each of ``B`` sequences in one C++ call
         (:func:`~freetoken.ops.attention_decode.paged_decode_attention`): the same math as
         :meth:`forward` per sequence, its K/V written into the pool and read there in place.
 
         Args:
-            x: ``[B, H]`` normed hidden states (row ``b`` = sequence ``b``).
+            h: ``[B, H]`` residual stream (row ``b`` = sequence ``b``); norm: the layer's input
+                norm.
             caches: this layer's :class:`PagedKV` of each sequence (one pool), each holding the
                 positions before the new token; each grows by one.
             batch: the step's slot metadata (built from the same sequences, in order).
 
         Returns:
-            ``[B, H]`` attention output after ``o_proj`` in ``x``'s dtype.
+            ``[B, H]`` residual stream after the attention block, in ``h``'s dtype.
         """
         pool, layer = caches[0].pool, caches[0].layer
         out = paged_decode_attention(
-            x.contiguous(), self.qkv_weight, self.o_weight, self.q_norm.scale(),
+            h.contiguous(), self.qkv_weight, self.o_weight, self.q_norm.scale(),
             self.k_norm.scale(), batch.cos, batch.sin, pool.k[layer], pool.v[layer],
             batch.kv_slots, batch.kv_offsets, num_heads=self.nh, num_kv_heads=self.nkv,
-            gated=self.gated, eps=self.q_norm.eps, scale=self.scale)
+            gated=self.gated, eps=self.q_norm.eps, scale=self.scale, input_norm=norm.scale(),
+            input_eps=norm.eps)
         for cache in caches:
             cache.length += 1
-        return out if x.dtype == torch.float32 else out.to(x.dtype)
+        return out if h.dtype == torch.float32 else out.to(h.dtype)
 
     def _decode_attention(self, q: torch.Tensor, keys: torch.Tensor,
                           values: torch.Tensor) -> torch.Tensor:

@@ -63,20 +63,21 @@ class DecoderLayer(nn.Module):
         """Several sequences: ``h [sum T_i, H]`` holds sequence ``i`` at rows
         ``bounds[i]:bounds[i+1]``; its mixer runs on that slice with ``layer_states[i]`` and
         ``ctxs[i]``, the norms and the MLP / MoE run on all rows at once. With ``paged_decode``
-        (one token per sequence, paged KV) an attention mixer runs all rows in one call
-        (:meth:`Attention.forward_paged_decode`), so does a Gated DeltaNet mixer unless a
+        (one token per sequence, paged KV) an attention mixer runs all rows in one call, its
+        input norm and residual add included (:meth:`Attention.forward_paged_decode`), so does a
+        Gated DeltaNet mixer unless a
         recurrent-state snapshot is due (:meth:`GatedDeltaNet.forward_decode`), and so does a MoE
         block with resident experts, its norm and residual included
         (:meth:`SparseMoE.forward_residual`). Returns ``[sum T_i, H]``.
         """
-        x = self.input_norm(h)
         fused = paged_decode is not None
         if fused and isinstance(self.mixer, Attention):
-            h = h + self.mixer.forward_paged_decode(x, layer_states, paged_decode)
-        elif (fused and isinstance(self.mixer, GatedDeltaNet) and self.mixer.decode_fits(x)
+            h = self.mixer.forward_paged_decode(h, self.input_norm, layer_states, paged_decode)
+        elif (fused and isinstance(self.mixer, GatedDeltaNet) and self.mixer.decode_fits(h)
               and not any(ctx.capture for ctx in ctxs)):
-            h = h + self.mixer.forward_decode(x, layer_states)
+            h = self.mixer.forward_decode(h, self.input_norm, layer_states)
         else:
+            x = self.input_norm(h)
             parts = [self.mixer(x[a:b], st, ctx)
                      for a, b, st, ctx in zip(bounds[:-1], bounds[1:], layer_states, ctxs)]
             h = h + (parts[0] if len(parts) == 1 else torch.cat(parts))

@@ -20,7 +20,7 @@ from torch import nn
 
 from freetoken.models.config import ModelConfig
 from freetoken.models.loader import WeightTarget
-from freetoken.models.norms import gated_rms_norm
+from freetoken.models.norms import RMSNorm, gated_rms_norm
 from freetoken.models.state import GDNState
 from freetoken.ops.causal_conv import causal_conv1d
 from freetoken.ops.gated_delta_rule import chunk_gated_delta_rule, recurrent_gated_delta_rule
@@ -148,23 +148,26 @@ class GatedDeltaNet(nn.Module):
         projections)."""
         return cpu_kernel_fits(x[:1], self.in_weight, self.conv_weight, self.out_weight)
 
-    def forward_decode(self, x: torch.Tensor, states: list[GDNState]) -> torch.Tensor:
-        """One new token of each of ``B`` sequences in one C++ call
+    def forward_decode(self, h: torch.Tensor, norm: RMSNorm,
+                       states: list[GDNState]) -> torch.Tensor:
+        """``h + self(norm(h))`` for one new token of each of ``B`` sequences in one C++ call
         (:func:`~freetoken.ops.gdn_decode.gdn_decode`): the same math as :meth:`forward` per
         sequence (recurrent form), each value it keeps in the model dtype rounded where it is.
 
         Args:
-            x: ``[B, H]`` normed hidden states (row ``b`` = sequence ``b``).
+            h: ``[B, H]`` residual stream (row ``b`` = sequence ``b``); norm: the layer's input
+                ``RMSNorm``.
             states: each sequence's state of this layer, updated in place.
 
         Returns:
-            ``[B, H]`` output after ``out_proj`` in ``x``'s dtype.
+            ``[B, H]`` residual stream after the block, in ``h``'s dtype.
         """
-        out = gdn_decode(x.contiguous(), self.in_weight, self.conv_weight, self.dt_bias,
+        out = gdn_decode(h.contiguous(), self.in_weight, self.conv_weight, self.dt_bias,
                          self.A_log, self.norm_weight, self.out_weight,
                          [s.conv for s in states], [s.recurrent for s in states],
-                         num_k_heads=self.hk, num_v_heads=self.hv, eps=self.eps)
-        return out if x.dtype == torch.float32 else out.to(x.dtype)
+                         num_k_heads=self.hk, num_v_heads=self.hv, eps=self.eps,
+                         input_norm=norm.scale(), input_eps=norm.eps)
+        return out if h.dtype == torch.float32 else out.to(h.dtype)
 
     def _segments(self, q, k, v, g, beta, state: GDNState, conv_in: torch.Tensor,
                   conv_before: torch.Tensor, ctx) -> torch.Tensor:

@@ -100,9 +100,9 @@ def test_paged_decode_runs_each_layer_in_one_call(model, monkeypatch) -> None:
     attend = attention.Attention.forward_paged_decode
     moe_block = SparseMoE.forward_residual
 
-    def counted_attention(self, x, caches, batch):
-        calls.append(("attention", x.shape[0]))
-        return attend(self, x, caches, batch)
+    def counted_attention(self, h, norm, caches, batch):
+        calls.append(("attention", h.shape[0]))
+        return attend(self, h, norm, caches, batch)
 
     def counted_moe(self, h, norm):
         calls.append(("moe", h.shape[0]))
@@ -110,9 +110,9 @@ def test_paged_decode_runs_each_layer_in_one_call(model, monkeypatch) -> None:
 
     gdn_step = GatedDeltaNet.forward_decode
 
-    def counted_gdn(self, x, states):
-        calls.append(("gdn", x.shape[0]))
-        return gdn_step(self, x, states)
+    def counted_gdn(self, h, norm, states):
+        calls.append(("gdn", h.shape[0]))
+        return gdn_step(self, h, norm, states)
 
     monkeypatch.setattr(attention.Attention, "forward_paged_decode", counted_attention)
     monkeypatch.setattr(SparseMoE, "forward_residual", counted_moe)

@@ -67,6 +67,29 @@ def test_matches_reference_and_writes_only_the_new_rows(isa, dtype, shape):
 
 
 @pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_input_norm_and_residual(isa, dtype):
+    """With ``input_norm`` the op takes the residual stream and returns ``h + attention(norm)``."""
+    tensors, config = _case(SHAPES[1], dtype, seed=9)
+    g = torch.Generator().manual_seed(9)
+    norm = torch.rand(tensors["x"].shape[1], generator=g) + 0.5
+    ref_tensors = {k: v.clone() for k, v in tensors.items()}
+    out = paged_decode_attention(**tensors, **config, input_norm=norm, input_eps=1e-5, isa=isa)
+    ref = paged_decode_attention_reference(**ref_tensors, **config, input_norm=norm,
+                                           input_eps=1e-5)
+    h = tensors["x"].float()
+    if dtype == torch.float32:  # the block's own contribution (the residual would hide it)
+        assert relative_rms_error(ref - h, out - h) <= ATTENTION_TOLERANCE
+    else:  # bf16: the same as the torch norm, the op without it and the add, each in bf16
+        x = torch.nn.functional.rms_norm(h, (h.shape[1],), norm, 1e-5).bfloat16()
+        again, _ = _case(SHAPES[1], dtype, seed=9)
+        unfused = paged_decode_attention(**{**again, "x": x}, **config, isa=isa).bfloat16()
+        assert relative_rms_error((h + unfused.float()).bfloat16().float(), out) <= 4e-3
+    with pytest.raises(ValueError, match=r"^input_norm \[5\] must be \[1024\]"):
+        paged_decode_attention(**tensors, **config, input_norm=torch.ones(5))
+
+
+@pytest.mark.parametrize("isa", ISAS)
 def test_each_variant_runs_its_own_core(isa):
     tensors, config = _case(SHAPES[2], torch.float32, seed=3)
     name = {"scalar": "attend_scalar", "avx2": "attend_avx2"}.get(isa, "attend_avx512")

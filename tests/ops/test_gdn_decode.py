@@ -58,6 +58,29 @@ def test_matches_reference_over_steps(isa, dtype, shape):
 
 
 @pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_input_norm_and_residual(isa, dtype):
+    """With ``input_norm`` the op takes the residual stream and returns ``h + layer(norm(h))``."""
+    xs, w, conv, rec, config = _case(SHAPES[1], dtype, seed=8)
+    norm = torch.rand(xs[0].shape[1], generator=torch.Generator().manual_seed(8)) + 0.5
+    ref_conv, ref_rec = [c.clone() for c in conv], [r.clone() for r in rec]
+    out = gdn_decode(xs[0], *w.values(), conv, rec, **config, input_norm=norm, input_eps=1e-5,
+                     isa=isa)
+    ref = gdn_decode_reference(xs[0], *w.values(), ref_conv, ref_rec, **config, input_norm=norm,
+                               input_eps=1e-5)
+    h = xs[0].float()
+    if dtype == torch.float32:  # the block's own contribution (the residual would hide it)
+        assert relative_rms_error(ref - h, out - h) <= GDN_TOLERANCE
+        for got, want in zip(rec, ref_rec):
+            assert relative_rms_error(want, got) <= GDN_TOLERANCE
+    else:  # bf16: the same as the torch norm, the op without it and the add, each in bf16
+        x = torch.nn.functional.rms_norm(h, (h.shape[1],), norm, 1e-5).bfloat16()
+        _, w2, conv2, rec2, _ = _case(SHAPES[1], dtype, seed=8)
+        unfused = gdn_decode(x, *w2.values(), conv2, rec2, **config, isa=isa).bfloat16()
+        assert relative_rms_error((h + unfused.float()).bfloat16().float(), out) <= 4e-3
+
+
+@pytest.mark.parametrize("isa", ISAS)
 def test_each_variant_runs_its_own_delta_rule(isa):
     xs, w, conv, rec, config = _case(SHAPES[2], torch.float32, seed=2)
     name = {"scalar": "delta_rule_scalar", "avx2": "delta_rule_avx2"}.get(isa, "delta_rule_avx512")

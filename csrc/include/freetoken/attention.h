@@ -25,7 +25,10 @@ struct DecodeAttentionProblem {
   // stores in the model dtype (the projections, normed q/k, rotated q/k, attention output, gated
   // output) is rounded to bf16 (round to nearest even); all arithmetic is fp32. Else all fp32.
   bool bf16 = false;
-  const void* x = nullptr;      // [B, H] normed hidden states
+  const void* x = nullptr;      // [B, H] normed hidden states, or the residual stream h when
+                                // input_norm is set
+  const float* input_norm = nullptr;  // [H] or null: x = RMSNorm(h) first (input_eps), and
+  float input_eps = 1e-6f;            // out = h + o_proj(...) in the model dtype
   const void* qkv_w = nullptr;  // [q_rows + 2 * nkv * hd, H], q_rows = nh * hd * (gated ? 2 : 1)
   const void* o_w = nullptr;    // [H, nh * hd]
   const float* q_norm = nullptr;  // [hd] RMSNorm multiplier of q (already 1 + w when zero-centred)
@@ -40,7 +43,7 @@ struct DecodeAttentionProblem {
   const int64_t* kv_slots = nullptr;    // the sequences' slots, position order, concatenated
   const int64_t* kv_offsets = nullptr;  // [B + 1]: sequence b owns kv_slots[off[b], off[b+1]);
                                         // its last slot receives the new token's K/V
-  float* out = nullptr;  // [B, H] fp32 o_proj output (fully overwritten)
+  float* out = nullptr;  // [B, H] fp32 o_proj output, or h + it (fully overwritten)
   Isa isa = Isa::kScalar;
 };
 

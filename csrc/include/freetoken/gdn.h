@@ -26,7 +26,10 @@ struct GdnDecodeProblem {
   // value the torch layer keeps in bf16 (projections, conv products and sums, SiLU, sigmoid(b),
   // the delta-rule output, the gated norm) is rounded to bf16; all arithmetic is fp32.
   bool bf16 = false;
-  const void* x = nullptr;       // [B, H] normed hidden states
+  const void* x = nullptr;       // [B, H] normed hidden states, or the residual stream h when
+                                 // input_norm is set
+  const float* input_norm = nullptr;  // [H] or null: x = RMSNorm(h) first (input_eps), and
+  float input_eps = 1e-6f;            // out = h + out_proj(...) in the model dtype
   const void* in_w = nullptr;    // [conv_dim + Hv*dv + 2*Hv, H] rows [q | k | v | z | b | a]
   const void* conv_w = nullptr;  // [conv_dim, K], conv_dim = 2*Hk*dk + Hv*dv
   const float* dt_bias = nullptr;  // [Hv]
@@ -36,7 +39,7 @@ struct GdnDecodeProblem {
   const void* out_w = nullptr;     // [H, Hv*dv]
   std::vector<void*> conv_state;   // B x [conv_dim, K-1], oldest input first (updated)
   std::vector<float*> recurrent;   // B x [Hv, dk, dv] fp32 S, o = S^T q (updated)
-  float* out = nullptr;            // [B, H] fp32 out_proj output (fully overwritten)
+  float* out = nullptr;            // [B, H] fp32 out_proj output, or h + it (fully overwritten)
   Isa isa = Isa::kScalar;
 };
 

@@ -25,6 +25,7 @@ def paged_decode_attention(x: torch.Tensor, qkv_w: torch.Tensor, o_w: torch.Tens
                            sin: torch.Tensor, pool_k: torch.Tensor, pool_v: torch.Tensor,
                            kv_slots: torch.Tensor, kv_offsets: torch.Tensor, *, num_heads: int,
                            num_kv_heads: int, gated: bool, eps: float, scale: float,
+                           input_norm: torch.Tensor | None = None, input_eps: float = 1e-6,
                            isa: str | None = None) -> torch.Tensor:
     """One decode step of a GQA attention layer for ``B`` sequences.
 
@@ -39,10 +40,14 @@ def paged_decode_attention(x: torch.Tensor, qkv_w: torch.Tensor, o_w: torch.Tens
         kv_slots: ``[N]`` int64, the sequences' slots in position order, concatenated (the new
             token's slot last); ``kv_offsets``: ``[B + 1]`` int64 boundaries into it.
         num_heads, num_kv_heads: nh, nkv. gated: Qwen3-Next output gate. eps: RMSNorm epsilon.
-        scale: softmax scale. isa: kernel variant (``freetoken.ops.cpu_moe.cpu.supported_isas``).
+        scale: softmax scale.
+        input_norm: ``[H]`` fp32 multiplier of the layer's input RMSNorm (epsilon
+            ``input_eps``), or None. Given, ``x`` is the residual stream ``h`` and the result is
+            ``h + o_proj(...)`` of ``RMSNorm(h)`` (the add in the model dtype).
+        isa: kernel variant (``freetoken.ops.cpu_moe.cpu.supported_isas``).
 
     Returns:
-        ``[B, H]`` fp32 ``o_proj`` output.
+        ``[B, H]`` fp32 ``o_proj`` output (or ``h`` plus it).
 
     Raises:
         TypeError / ValueError: a wrong dtype, device, shape or layout, offsets that are not
@@ -50,4 +55,4 @@ def paged_decode_attention(x: torch.Tensor, qkv_w: torch.Tensor, o_w: torch.Tens
     """
     return _ext.attention_decode(x, qkv_w, o_w, q_norm, k_norm, cos, sin, pool_k, pool_v,
                                  kv_slots, kv_offsets, num_heads, num_kv_heads, gated, eps,
-                                 scale, isa=isa)
+                                 scale, input_norm, input_eps, isa=isa)

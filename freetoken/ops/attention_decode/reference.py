@@ -13,10 +13,18 @@ import torch.nn.functional as F
 
 def paged_decode_attention_reference(x, qkv_w, o_w, q_norm, k_norm, cos, sin, pool_k, pool_v,
                                      kv_slots, kv_offsets, num_heads: int, num_kv_heads: int,
-                                     gated: bool, eps: float, scale: float) -> torch.Tensor:
+                                     gated: bool, eps: float, scale: float,
+                                     input_norm: torch.Tensor | None = None,
+                                     input_eps: float = 1e-6) -> torch.Tensor:
     """Same arguments and effect as the kernel, computed in fp32 from the upcast inputs (the new
     K/V are written into ``pool_k`` / ``pool_v`` in their dtype, then read back like every
     other position). Returns ``[B, H]`` fp32."""
+    if input_norm is not None:
+        h = x.float()
+        x = F.rms_norm(h, (h.shape[1],), input_norm.float(), input_eps)
+        return h + paged_decode_attention_reference(x, qkv_w, o_w, q_norm, k_norm, cos, sin,
+                                                    pool_k, pool_v, kv_slots, kv_offsets,
+                                                    num_heads, num_kv_heads, gated, eps, scale)
     b, hd = x.shape[0], pool_k.shape[2]
     nq = num_heads * hd
     q_rows, kv_rows = nq * (2 if gated else 1), num_kv_heads * hd

@@ -24,6 +24,7 @@ def gdn_decode(x: torch.Tensor, in_w: torch.Tensor, conv_w: torch.Tensor,
                dt_bias: torch.Tensor, a_log: torch.Tensor, norm_w: torch.Tensor,
                out_w: torch.Tensor, conv_states: list[torch.Tensor],
                recurrent: list[torch.Tensor], *, num_k_heads: int, num_v_heads: int, eps: float,
+               input_norm: torch.Tensor | None = None, input_eps: float = 1e-6,
                isa: str | None = None) -> torch.Tensor:
     """One decode step of a Gated DeltaNet layer for ``B`` sequences.
 
@@ -36,15 +37,19 @@ def gdn_decode(x: torch.Tensor, in_w: torch.Tensor, conv_w: torch.Tensor,
             epsilon. out_w: ``[H, Hv*dv]``.
         conv_states: per sequence ``[conv_dim, K-1]`` (oldest input first), shifted in place.
         recurrent: per sequence ``[Hv, dk, dv]`` fp32 delta-rule state, updated in place.
-        num_k_heads, num_v_heads: Hk, Hv. isa: kernel variant
-            (``freetoken.ops.cpu_moe.cpu.supported_isas``).
+        num_k_heads, num_v_heads: Hk, Hv.
+        input_norm: ``[H]`` fp32 multiplier of the layer's input RMSNorm (epsilon
+            ``input_eps``), or None. Given, ``x`` is the residual stream ``h`` and the result is
+            ``h + out_proj(...)`` of ``RMSNorm(h)`` (the add in the model dtype).
+        isa: kernel variant (``freetoken.ops.cpu_moe.cpu.supported_isas``).
 
     Returns:
-        ``[B, H]`` fp32 ``out_proj`` output.
+        ``[B, H]`` fp32 ``out_proj`` output (or ``h`` plus it).
 
     Raises:
         TypeError / ValueError: a wrong dtype, device, shape or layout, or not one state per
             sequence.
     """
     return _ext.gdn_decode(x, in_w, conv_w, dt_bias, a_log, norm_w, out_w, conv_states,
-                           recurrent, num_k_heads, num_v_heads, eps, isa=isa)
+                           recurrent, num_k_heads, num_v_heads, eps, input_norm, input_eps,
+                           isa=isa)

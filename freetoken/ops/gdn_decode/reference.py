@@ -15,10 +15,17 @@ def _l2(t: torch.Tensor) -> torch.Tensor:
 
 def gdn_decode_reference(x, in_w, conv_w, dt_bias, a_log, norm_w, out_w,
                          conv_states: list[torch.Tensor], recurrent: list[torch.Tensor],
-                         num_k_heads: int, num_v_heads: int, eps: float) -> torch.Tensor:
+                         num_k_heads: int, num_v_heads: int, eps: float,
+                         input_norm: torch.Tensor | None = None,
+                         input_eps: float = 1e-6) -> torch.Tensor:
     """Same arguments and effect as the kernel (each sequence's conv / recurrent state updated
     in place), in fp32 from the upcast inputs (the conv state keeps its dtype). Returns
     ``[B, H]`` fp32."""
+    if input_norm is not None:
+        h = x.float()
+        x = F.rms_norm(h, (h.shape[1],), input_norm.float(), input_eps)
+        return h + gdn_decode_reference(x, in_w, conv_w, dt_bias, a_log, norm_w, out_w,
+                                        conv_states, recurrent, num_k_heads, num_v_heads, eps)
     hv, dv = num_v_heads, norm_w.shape[0]
     conv_dim, k = conv_w.shape
     vd = hv * dv
