@@ -328,16 +328,15 @@ void bind_moe(py::module_& m) {
       rows.push_back(py::make_tuple(std::string(k.name), std::string(isa_name(k.needs)),
                                     uses[k.id]));
     }
-    const std::vector<uint64_t> attend_uses = attend_use_counts();
-    for (const AttendKernel& k : all_attend_kernels()) {
-      rows.push_back(py::make_tuple(std::string(k.name), std::string(isa_name(k.needs)),
-                                    attend_uses[k.id]));
-    }
-    const std::vector<uint64_t> delta_uses = delta_rule_use_counts();
-    for (const DeltaRuleKernel& k : all_delta_rule_kernels()) {
-      rows.push_back(py::make_tuple(std::string(k.name), std::string(isa_name(k.needs)),
-                                    delta_uses[k.id]));
-    }
+    const auto add = [&rows](const auto& kernels) {
+      for (size_t i = 0; i < kernels.variants().size(); ++i) {
+        const auto& v = kernels.variants()[i];
+        rows.push_back(py::make_tuple(std::string(v.name), std::string(isa_name(v.needs)),
+                                      kernels.uses(i)));
+      }
+    };
+    add(attend_kernels());
+    add(delta_rule_kernels());
     return rows;
   }, "Every CPU kernel (the rows_dot kernels, then the decode attention cores and delta-rule "
      "steps) as (name, lowest ISA variant that runs it, calls in this process).");

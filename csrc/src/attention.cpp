@@ -5,40 +5,17 @@
 #include "freetoken/attention.h"
 
 #include <algorithm>
-#include <array>
-#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
-#include "freetoken/linear.h"
-#include "freetoken/residual.h"
+#include "freetoken/decode_common.h"
 
 namespace freetoken {
 
 namespace {
-
-std::array<std::atomic<uint64_t>, 3> g_attend_uses{};
-
-// The variant `isa` runs (the best one this build has at or below it).
-const AttendKernel& attend_for(Isa isa) {
-  const auto& all = all_attend_kernels();
-  const AttendKernel* best = &all[0];
-  for (const AttendKernel& k : all) {
-    if (static_cast<int>(k.needs) <= static_cast<int>(isa)) best = &k;
-  }
-  return *best;
-}
-
-// x [n] <- x * rsqrt(mean(x^2) + eps) * w (F.rms_norm in fp32).
-void rms_norm(float* x, int64_t n, const float* w, float eps) {
-  float ss = 0.0f;
-  for (int64_t i = 0; i < n; ++i) ss += x[i] * x[i];
-  const float r = 1.0f / std::sqrt(ss / static_cast<float>(n) + eps);
-  for (int64_t i = 0; i < n; ++i) x[i] = x[i] * r * w[i];
-}
 
 // (x1, x2) <- (x1 cos - x2 sin, x2 cos + x1 sin) over the first 2 * half dims.
 void rotate(float* x, const float* cos, const float* sin, int64_t half) {
@@ -49,38 +26,17 @@ void rotate(float* x, const float* cos, const float* sin, int64_t half) {
   }
 }
 
-void store_row(void* base, bool bf16, int64_t at, const float* src, int64_t n) {
-  if (!bf16) {
-    std::memcpy(static_cast<float*>(base) + at, src, sizeof(float) * n);
-    return;
-  }
-  uint16_t* dst = static_cast<uint16_t*>(base) + at;
-  for (int64_t i = 0; i < n; ++i) {
-    uint32_t u;
-    std::memcpy(&u, src + i, sizeof(u));  // already a bf16 value: the top half is exact
-    dst[i] = static_cast<uint16_t>(u >> 16);
-  }
-}
-
 }  // namespace
 
-const std::vector<AttendKernel>& all_attend_kernels() {
-  static const std::vector<AttendKernel> kernels = {
-      {0, &attend_chunk_scalar, "attend_scalar", Isa::kScalar},
+const DecodeKernels<AttendArgs>& attend_kernels() {
+  static const DecodeKernels<AttendArgs> kernels({
+      {&attend_chunk_scalar, "attend_scalar", Isa::kScalar},
 #if defined(__x86_64__) || defined(__i386__)
-      {1, &attend_chunk_avx2, "attend_avx2", Isa::kAvx2},
-      {2, &attend_chunk_avx512, "attend_avx512", Isa::kAvx512},
+      {&attend_chunk_avx2, "attend_avx2", Isa::kAvx2},
+      {&attend_chunk_avx512, "attend_avx512", Isa::kAvx512},
 #endif
-  };
+  });
   return kernels;
-}
-
-std::vector<uint64_t> attend_use_counts() {
-  std::vector<uint64_t> out;
-  for (const AttendKernel& k : all_attend_kernels()) {
-    out.push_back(g_attend_uses[k.id].load(std::memory_order_relaxed));
-  }
-  return out;
 }
 
 namespace {
@@ -113,23 +69,12 @@ void attention_decode(const DecodeAttentionProblem& p, ThreadPool& pool) {
                                   " outside the pool's " + std::to_string(p.num_slots));
     }
   }
-  const WeightFormat format = p.bf16 ? WeightFormat::kBf16 : WeightFormat::kFp32;
+  const bool residual = p.input_norm != nullptr;
   NormedRows normed;
-  if (p.input_norm != nullptr) {
-    normed = rms_norm_rows(p.x, p.bf16, B, p.hidden, p.input_norm, p.input_eps);
-  }
+  if (residual) normed = rms_norm_rows(p.x, p.bf16, B, p.hidden, p.input_norm, p.input_eps);
   std::vector<float> qkv(B * rows);
-  LinearProblem proj;
-  proj.x = p.input_norm != nullptr ? static_cast<const void*>(normed.x.data()) : p.x;
-  proj.x_is_bf16 = p.bf16 && p.input_norm == nullptr;
-  proj.rows = B;
-  proj.in = p.hidden;
-  proj.out_features = rows;
-  proj.format = format;
-  proj.w = p.qkv_w;
-  proj.out = qkv.data();
-  proj.isa = p.isa;
-  linear_forward(proj, pool);
+  project(residual ? static_cast<const void*>(normed.x.data()) : p.x, p.bf16 && !residual, B,
+          p.hidden, p.qkv_w, rows, p.bf16, p.isa, qkv.data(), pool);
   const auto keep = [&](float* v, int64_t n) {
     if (p.bf16) round_to_bf16(v, n);
   };
@@ -142,15 +87,15 @@ void attention_decode(const DecodeAttentionProblem& p, ThreadPool& pool) {
     const float* sin = p.sin + b * half;
     for (int64_t h = 0; h < nh + nkv; ++h) {
       float* x = h < nh ? row + h * hd : row + q_rows + (h - nh) * hd;
-      rms_norm(x, hd, h < nh ? p.q_norm : p.k_norm, p.eps);
+      rms_norm(x, hd, h < nh ? p.q_norm : p.k_norm, p.eps, 1.0f, x);
       keep(x, hd);
       rotate(x, cos, sin, half);
       keep(x, hd);
     }
     std::memcpy(q.data() + b * nq, row, sizeof(float) * nq);
     const int64_t slot = p.kv_slots[p.kv_offsets[b + 1] - 1];
-    store_row(p.pool_k, p.bf16, slot * kv_rows, row + q_rows, kv_rows);
-    store_row(p.pool_v, p.bf16, slot * kv_rows, row + q_rows + kv_rows, kv_rows);
+    store_values(row + q_rows, kv_rows, p.pool_k, p.bf16, slot * kv_rows);
+    store_values(row + q_rows + kv_rows, kv_rows, p.pool_v, p.bf16, slot * kv_rows);
   }
 
   std::vector<Task> tasks;
@@ -164,9 +109,7 @@ void attention_decode(const DecodeAttentionProblem& p, ThreadPool& pool) {
   }
   const int64_t num_tasks = static_cast<int64_t>(tasks.size());
   std::vector<float> m(num_tasks * group), l(num_tasks * group), acc(num_tasks * group * hd);
-  const AttendKernel& kernel = attend_for(p.isa);
-  g_attend_uses[kernel.id].fetch_add(1, std::memory_order_relaxed);
-  const auto attend = kernel.fn;
+  const auto attend = attend_kernels().use(p.isa);
   pool.parallel_for(num_tasks, [&](int64_t t) {
     thread_local std::vector<float> scratch;
     scratch.resize(group * kAttendChunk + hd);
@@ -224,23 +167,15 @@ void attention_decode(const DecodeAttentionProblem& p, ThreadPool& pool) {
       const float* gate = qkv.data() + b * rows + nq;
       float* a = attn.data() + b * nq;
       for (int64_t j = 0; j < nq; ++j) {
-        float s = 1.0f / (1.0f + std::exp(-gate[j]));
+        float s = sigmoid(gate[j]);
         if (p.bf16) s = round_to_bf16(s);
         a[j] *= s;
       }
     }
     keep(attn.data(), B * nq);
   }
-  LinearProblem o;
-  o.x = attn.data();
-  o.x_is_bf16 = false;  // bf16 values kept as fp32
-  o.rows = B;
-  o.in = nq;
-  o.out_features = p.hidden;
-  o.format = format;
-  o.w = p.o_w;
-  o.isa = p.isa;
-  project_residual(o, p.input_norm != nullptr ? normed.h.data() : nullptr, p.bf16, p.out, pool);
+  project_residual(attn.data(), B, nq, p.o_w, p.hidden, p.bf16, p.isa,
+                   residual ? normed.h.data() : nullptr, p.out, pool);
 }
 
 }  // namespace freetoken

@@ -8,19 +8,10 @@
 #include <numeric>
 #include <vector>
 
-#include "freetoken/linear.h"
+#include "freetoken/decode_common.h"
 #include "freetoken/moe.h"
-#include "freetoken/residual.h"
 
 namespace freetoken {
-
-namespace {
-
-float silu(float g) { return g / (1.0f + std::exp(-g)); }
-
-float sigmoid(float v) { return 1.0f / (1.0f + std::exp(-v)); }
-
-}  // namespace
 
 void moe_block_decode(const MoeBlockProblem& p, ThreadPool& pool) {
   const int64_t B = p.batch, H = p.hidden, E = p.num_experts, K = p.top_k;
@@ -37,22 +28,14 @@ void moe_block_decode(const MoeBlockProblem& p, ThreadPool& pool) {
   const std::vector<float>& h = normed.h;
   const std::vector<float>& x = normed.x;
 
-  const auto project = [&](const float* in, int64_t cols, const void* w, int64_t out_rows,
-                           float* out) {
-    LinearProblem lp;
-    lp.x = in;
-    lp.rows = B;
-    lp.in = cols;
-    lp.out_features = out_rows;
-    lp.format = format;
-    lp.w = w;
-    lp.out = out;
-    lp.isa = p.isa;
-    linear_forward(lp, pool);
+  // x [B, cols] @ w^T, the result in the model dtype (F.linear's output)
+  const auto dense = [&](const float* in, int64_t cols, const void* w, int64_t out_rows,
+                         float* out) {
+    project(in, false, B, cols, w, out_rows, p.bf16, p.isa, out, pool);
     keep(out, B * out_rows);
   };
   std::vector<float> logits(B * rows);
-  project(x.data(), H, p.router, rows, logits.data());
+  dense(x.data(), H, p.router, rows, logits.data());
 
   // softmax over the E routed logits in fp32, the top k, renormalised, in the model dtype
   MoeProblem moe;
@@ -95,13 +78,13 @@ void moe_block_decode(const MoeBlockProblem& p, ThreadPool& pool) {
 
   if (Is > 0) {
     std::vector<float> gu(B * 2 * Is), act(B * Is), y(B * H);
-    project(x.data(), H, p.shared_gate_up, 2 * Is, gu.data());
+    dense(x.data(), H, p.shared_gate_up, 2 * Is, gu.data());
     for (int64_t b = 0; b < B; ++b) {
       for (int64_t j = 0; j < Is; ++j) {
         act[b * Is + j] = kept(kept(silu(gu[b * 2 * Is + j])) * gu[b * 2 * Is + Is + j]);
       }
     }
-    project(act.data(), Is, p.shared_down, H, y.data());
+    dense(act.data(), Is, p.shared_down, H, y.data());
     for (int64_t b = 0; b < B; ++b) {
       const float gate = kept(sigmoid(logits[b * rows + E]));
       for (int64_t i = 0; i < H; ++i) {

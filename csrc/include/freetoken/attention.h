@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "freetoken/decode_kernels.h"
 #include "freetoken/isa.h"
 #include "freetoken/thread_pool.h"
 
@@ -81,18 +82,8 @@ void attend_chunk_scalar(const AttendArgs& a);
 void attend_chunk_avx2(const AttendArgs& a);    // AVX2 + FMA build of the same code
 void attend_chunk_avx512(const AttendArgs& a);  // AVX-512F build of the same code
 
-// The attention core variants (attend_chunk_*), with the stable name the kernel report uses
-// (e.g. "attend_avx2") and the lowest ISA variant that runs it; avx512_bf16 runs attend_avx512.
-struct AttendKernel {
-  int id = 0;
-  void (*fn)(const AttendArgs&) = nullptr;
-  const char* name = "";
-  Isa needs = Isa::kScalar;
-};
-
-// Every variant this build has, in id order, and how many attention_decode calls in this
-// process ran each (index = AttendKernel::id).
-const std::vector<AttendKernel>& all_attend_kernels();
-std::vector<uint64_t> attend_use_counts();
+// The attention core variants (attend_chunk_*, reported as "attend_<isa>"); avx512_bf16 runs
+// attend_avx512. Counts attention_decode calls.
+const DecodeKernels<AttendArgs>& attend_kernels();
 
 }  // namespace freetoken

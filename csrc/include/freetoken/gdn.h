@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "freetoken/decode_kernels.h"
 #include "freetoken/isa.h"
 #include "freetoken/thread_pool.h"
 
@@ -66,18 +67,8 @@ void delta_rule_step_scalar(const DeltaRuleArgs& a);
 void delta_rule_step_avx2(const DeltaRuleArgs& a);
 void delta_rule_step_avx512(const DeltaRuleArgs& a);
 
-// The delta-rule variants (delta_rule_step_*) as the kernel report names them (e.g.
-// "delta_rule_avx2") with the lowest ISA variant that runs each; avx512_bf16 runs the avx512 one.
-struct DeltaRuleKernel {
-  int id = 0;
-  void (*fn)(const DeltaRuleArgs&) = nullptr;
-  const char* name = "";
-  Isa needs = Isa::kScalar;
-};
-
-// Every variant this build has, in id order, and how many gdn_decode calls in this process ran
-// each (index = DeltaRuleKernel::id).
-const std::vector<DeltaRuleKernel>& all_delta_rule_kernels();
-std::vector<uint64_t> delta_rule_use_counts();
+// The delta-rule variants (delta_rule_step_*, reported as "delta_rule_<isa>"); avx512_bf16 runs
+// the avx512 one. Counts gdn_decode calls.
+const DecodeKernels<DeltaRuleArgs>& delta_rule_kernels();
 
 }  // namespace freetoken
