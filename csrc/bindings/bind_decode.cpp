@@ -7,9 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "freetoken/attention.h"
-#include "freetoken/gdn.h"
-#include "freetoken/moe_block.h"
+#include "decode_args.h"
 #include "runner.h"
 #include "tensor_arg.h"
 
@@ -17,120 +15,185 @@ namespace freetoken::bindings {
 
 namespace {
 
-// The optional input RMSNorm multiplier of a decode op: None, or [H] fp32 (kept alive by arg).
-const float* input_norm_of(const py::handle& input_norm, int64_t hidden, TensorArg& arg) {
+// The optional input RMSNorm multiplier of a decode op: None, or [H] fp32 (kept alive by keep).
+const float* input_norm_of(const py::handle& input_norm, int64_t hidden,
+                           std::vector<TensorArg>& keep) {
   if (input_norm.is_none()) return nullptr;
-  arg = check_tensor(input_norm, "input_norm", "[H]", 1, {"float32"});
+  TensorArg arg = check_tensor(input_norm, "input_norm", "[H]", 1, {"float32"});
   if (arg.shape[0] != hidden) {
     throw py::value_error("input_norm " + shape_str(arg.shape) + " must be [" +
                           std::to_string(hidden) + "]");
   }
+  keep.push_back(arg);
   return static_cast<const float*>(arg.data);
 }
 
-// One decode step of a paged GQA attention layer (freetoken/attention.h) for B sequences;
-// returns out [B, H] fp32. Blocking, GIL released, queued behind earlier pool work.
-py::object attention_decode(const py::handle& x, const py::handle& qkv_w, const py::handle& o_w,
-                            const py::handle& q_norm, const py::handle& k_norm,
-                            const py::handle& cos, const py::handle& sin,
-                            const py::handle& pool_k, const py::handle& pool_v,
-                            const py::handle& kv_slots, const py::handle& kv_offsets,
-                            int64_t num_heads, int64_t num_kv_heads, bool gated, double eps,
-                            double scale, const py::handle& input_norm, double input_eps,
-                            const std::optional<std::string>& isa) {
-  const std::vector<std::string> dense = {"float32", "bfloat16"};
-  TensorArg xa = check_tensor(x, "x", "[B, H]", 2, dense);
-  const std::vector<std::string> same = {xa.dtype};
+[[noreturn]] void fail(const std::string& what) { throw py::value_error(what); }
+
+const float* fp32_data(const TensorArg& a) { return static_cast<const float*>(a.data); }
+
+}  // namespace
+
+void attention_weights(DecodeAttentionProblem& p, const std::string& dtype, int64_t hidden,
+                       const py::handle& qkv_w, const py::handle& o_w, const py::handle& q_norm,
+                       const py::handle& k_norm, int64_t num_heads, int64_t num_kv_heads,
+                       bool gated, double eps, double scale, const py::handle& input_norm,
+                       double input_eps, std::vector<TensorArg>& keep) {
+  const std::vector<std::string> same = {dtype};
   TensorArg qa = check_tensor(qkv_w, "qkv_w", "[rows, H]", 2, same);
   TensorArg oa = check_tensor(o_w, "o_w", "[H, nh * hd]", 2, same);
-  TensorArg pk = check_tensor(pool_k, "pool_k", "[slots, nkv, hd]", 3, same);
-  TensorArg pv = check_tensor(pool_v, "pool_v", "[slots, nkv, hd]", 3, same);
   TensorArg qn = check_tensor(q_norm, "q_norm", "[hd]", 1, {"float32"});
   TensorArg kn = check_tensor(k_norm, "k_norm", "[hd]", 1, {"float32"});
-  TensorArg ca = check_tensor(cos, "cos", "[B, rot / 2]", 2, {"float32"});
-  TensorArg sa = check_tensor(sin, "sin", "[B, rot / 2]", 2, {"float32"});
-  TensorArg sl = check_tensor(kv_slots, "kv_slots", "[N]", 1, {"int64"});
-  TensorArg of = check_tensor(kv_offsets, "kv_offsets", "[B + 1]", 1, {"int64"});
-  const int64_t B = xa.shape[0], H = xa.shape[1];
-  const int64_t slots = pk.shape[0], hd = pk.shape[2];
-  const auto fail = [](const std::string& what) { throw py::value_error(what); };
   if (num_kv_heads < 1 || num_heads % num_kv_heads != 0) {
     fail("num_heads " + std::to_string(num_heads) + " is not a multiple of num_kv_heads " +
          std::to_string(num_kv_heads));
   }
-  const int64_t nq = num_heads * hd, q_rows = nq * (gated ? 2 : 1);
-  if (pk.shape != pv.shape || pk.shape[1] != num_kv_heads) {
-    fail("pool_k " + shape_str(pk.shape) + " / pool_v " + shape_str(pv.shape) +
-         " must both be [slots, " + std::to_string(num_kv_heads) + ", hd]");
-  }
-  if (qa.shape[0] != q_rows + 2 * num_kv_heads * hd || qa.shape[1] != H) {
+  const int64_t hd = qn.shape[0], nq = num_heads * hd, q_rows = nq * (gated ? 2 : 1);
+  if (hd < 1 || kn.shape[0] != hd) fail("q_norm / k_norm must be [hd]");
+  if (qa.shape[0] != q_rows + 2 * num_kv_heads * hd || qa.shape[1] != hidden) {
     fail("qkv_w " + shape_str(qa.shape) + " must be [" +
-         std::to_string(q_rows + 2 * num_kv_heads * hd) + ", " + std::to_string(H) + "]");
+         std::to_string(q_rows + 2 * num_kv_heads * hd) + ", " + std::to_string(hidden) + "]");
   }
-  if (oa.shape[0] != H || oa.shape[1] != nq) {
-    fail("o_w " + shape_str(oa.shape) + " must be [" + std::to_string(H) + ", " +
+  if (oa.shape[0] != hidden || oa.shape[1] != nq) {
+    fail("o_w " + shape_str(oa.shape) + " must be [" + std::to_string(hidden) + ", " +
          std::to_string(nq) + "]");
   }
-  if (qn.shape[0] != hd || kn.shape[0] != hd) fail("q_norm / k_norm must be [hd]");
-  if (ca.shape != sa.shape || ca.shape[0] != B || 2 * ca.shape[1] > hd) {
+  p.hidden = hidden;
+  p.num_heads = num_heads;
+  p.num_kv_heads = num_kv_heads;
+  p.head_dim = hd;
+  p.gated = gated;
+  p.bf16 = qa.is_bf16;
+  p.qkv_w = qa.data;
+  p.o_w = oa.data;
+  p.q_norm = fp32_data(qn);
+  p.k_norm = fp32_data(kn);
+  p.eps = static_cast<float>(eps);
+  p.scale = static_cast<float>(scale);
+  p.input_norm = input_norm_of(input_norm, hidden, keep);
+  p.input_eps = static_cast<float>(input_eps);
+  for (TensorArg* a : {&qa, &oa, &qn, &kn}) keep.push_back(std::move(*a));
+}
+
+void attention_step(DecodeAttentionProblem& p, int64_t batch, const py::handle& cos,
+                    const py::handle& sin, const py::handle& kv_slots,
+                    const py::handle& kv_offsets, std::vector<TensorArg>& keep) {
+  TensorArg ca = check_tensor(cos, "cos", "[B, rot / 2]", 2, {"float32"});
+  TensorArg sa = check_tensor(sin, "sin", "[B, rot / 2]", 2, {"float32"});
+  TensorArg sl = check_tensor(kv_slots, "kv_slots", "[N]", 1, {"int64"});
+  TensorArg of = check_tensor(kv_offsets, "kv_offsets", "[B + 1]", 1, {"int64"});
+  if (ca.shape != sa.shape || ca.shape[0] != batch || 2 * ca.shape[1] > p.head_dim) {
     fail("cos " + shape_str(ca.shape) + " / sin " + shape_str(sa.shape) + " must be [" +
-         std::to_string(B) + ", rot / 2] with rot <= head_dim");
+         std::to_string(batch) + ", rot / 2] with rot <= head_dim");
   }
-  if (of.shape[0] != B + 1) fail("kv_offsets must be [B + 1]");
+  if (of.shape[0] != batch + 1) fail("kv_offsets must be [B + 1]");
   const auto* off = static_cast<const int64_t*>(of.data);
-  for (int64_t b = 0; b <= B; ++b) {
+  for (int64_t b = 0; b <= batch; ++b) {
     if (off[b] < 0 || off[b] > sl.shape[0] || (b && off[b] < off[b - 1])) {
       fail("kv_offsets must be non-decreasing within [0, " + std::to_string(sl.shape[0]) + "]");
     }
   }
-  DecodeAttentionProblem p;
-  p.batch = B;
-  p.hidden = H;
-  p.num_heads = num_heads;
-  p.num_kv_heads = num_kv_heads;
-  p.head_dim = hd;
+  p.batch = batch;
   p.rotary_half = ca.shape[1];
-  p.gated = gated;
-  p.bf16 = xa.is_bf16;
-  p.x = xa.data;
-  p.qkv_w = qa.data;
-  p.o_w = oa.data;
-  p.q_norm = static_cast<const float*>(qn.data);
-  p.k_norm = static_cast<const float*>(kn.data);
-  p.eps = static_cast<float>(eps);
-  p.scale = static_cast<float>(scale);
-  p.cos = static_cast<const float*>(ca.data);
-  p.sin = static_cast<const float*>(sa.data);
-  p.pool_k = pk.data;
-  p.pool_v = pv.data;
-  p.num_slots = slots;
+  p.cos = fp32_data(ca);
+  p.sin = fp32_data(sa);
   p.kv_slots = static_cast<const int64_t*>(sl.data);
   p.kv_offsets = off;
-  TensorArg norm_arg;
-  p.input_norm = input_norm_of(input_norm, H, norm_arg);
-  p.input_eps = static_cast<float>(input_eps);
-  p.isa = resolve_isa(isa);
-  return run_on_pool(B, H, [p](float* out, ThreadPool& pool) mutable {
-    p.out = out;
-    attention_decode(p, pool);
-  });
+  for (TensorArg* a : {&ca, &sa, &sl, &of}) keep.push_back(std::move(*a));
 }
 
-// One decode step of a sparse MoE block with resident dense experts (freetoken/moe_block.h);
-// returns (out [B, H] fp32 = h + block(h), topk_ids [B, k] int64). Blocking, GIL released.
-py::tuple moe_block_decode(const py::handle& h, const py::handle& norm, double eps,
-                           const py::handle& router, const py::handle& gate_up,
-                           const py::handle& down, const py::handle& shared_gate_up,
-                           const py::handle& shared_down, int64_t top_k, bool norm_topk_prob,
-                           const std::optional<std::string>& isa) {
-  TensorArg ha = check_tensor(h, "h", "[B, H]", 2, {"float32", "bfloat16"});
-  const std::vector<std::string> same = {ha.dtype};
+void gdn_weights(GdnDecodeProblem& p, const std::string& dtype, int64_t hidden,
+                 const py::handle& in_w, const py::handle& conv_w, const py::handle& dt_bias,
+                 const py::handle& a_log, const py::handle& norm_w, const py::handle& out_w,
+                 int64_t num_k_heads, int64_t num_v_heads, double eps,
+                 const py::handle& input_norm, double input_eps, std::vector<TensorArg>& keep) {
+  const std::vector<std::string> same = {dtype};
+  TensorArg ia = check_tensor(in_w, "in_w", "[rows, H]", 2, same);
+  TensorArg ca = check_tensor(conv_w, "conv_w", "[conv_dim, K]", 2, same);
+  TensorArg oa = check_tensor(out_w, "out_w", "[H, Hv * dv]", 2, same);
+  TensorArg dt = check_tensor(dt_bias, "dt_bias", "[Hv]", 1, {"float32"});
+  TensorArg al = check_tensor(a_log, "a_log", "[Hv]", 1, {"float32"});
+  TensorArg nw = check_tensor(norm_w, "norm_w", "[dv]", 1, {"float32"});
+  if (num_k_heads < 1 || num_v_heads % num_k_heads != 0) {
+    fail("num_v_heads " + std::to_string(num_v_heads) + " is not a multiple of num_k_heads " +
+         std::to_string(num_k_heads));
+  }
+  if (nw.shape[0] < 1 || oa.shape[0] != hidden || oa.shape[1] != num_v_heads * nw.shape[0]) {
+    fail("out_w " + shape_str(oa.shape) + " must be [" + std::to_string(hidden) + ", Hv * dv]");
+  }
+  const int64_t dv = nw.shape[0], value_dim = num_v_heads * dv;
+  const int64_t conv_dim = ca.shape[0], K = ca.shape[1];
+  const int64_t key_dim = (conv_dim - value_dim) / 2, dk = key_dim / num_k_heads;
+  if (K < 1 || key_dim <= 0 || 2 * key_dim + value_dim != conv_dim || dk * num_k_heads != key_dim) {
+    fail("conv_w " + shape_str(ca.shape) + " must be [2 * Hk * dk + Hv * dv, K]");
+  }
+  if (ia.shape[0] != conv_dim + value_dim + 2 * num_v_heads || ia.shape[1] != hidden) {
+    fail("in_w " + shape_str(ia.shape) + " must be [" +
+         std::to_string(conv_dim + value_dim + 2 * num_v_heads) + ", " + std::to_string(hidden) +
+         "]");
+  }
+  if (dt.shape[0] != num_v_heads || al.shape[0] != num_v_heads) {
+    fail("dt_bias / a_log must be [" + std::to_string(num_v_heads) + "]");
+  }
+  p.hidden = hidden;
+  p.num_k_heads = num_k_heads;
+  p.num_v_heads = num_v_heads;
+  p.k_dim = dk;
+  p.v_dim = dv;
+  p.conv_kernel = K;
+  p.bf16 = ia.is_bf16;
+  p.in_w = ia.data;
+  p.conv_w = ca.data;
+  p.dt_bias = fp32_data(dt);
+  p.a_log = fp32_data(al);
+  p.norm_w = fp32_data(nw);
+  p.eps = static_cast<float>(eps);
+  p.out_w = oa.data;
+  p.input_norm = input_norm_of(input_norm, hidden, keep);
+  p.input_eps = static_cast<float>(input_eps);
+  for (TensorArg* a : {&ia, &ca, &oa, &dt, &al, &nw}) keep.push_back(std::move(*a));
+}
+
+void gdn_states(const GdnDecodeProblem& p, const std::string& dtype, int64_t batch,
+                const py::list& conv_states, const py::list& recurrent, std::vector<void*>& conv,
+                std::vector<float*>& rec, std::vector<TensorArg>& keep) {
+  if (static_cast<int64_t>(conv_states.size()) != batch ||
+      static_cast<int64_t>(recurrent.size()) != batch) {
+    fail("conv_states and recurrent need one tensor per sequence (" + std::to_string(batch) +
+         ")");
+  }
+  const int64_t conv_dim = 2 * p.num_k_heads * p.k_dim + p.num_v_heads * p.v_dim;
+  const int64_t K = p.conv_kernel;
+  conv.clear();
+  rec.clear();
+  for (int64_t b = 0; b < batch; ++b) {
+    TensorArg c = check_tensor(conv_states[b], "conv_states[b]", "[conv_dim, K-1]", 2, {dtype});
+    TensorArg r = check_tensor(recurrent[b], "recurrent[b]", "[Hv, dk, dv]", 3, {"float32"});
+    if (c.shape != std::vector<int64_t>{conv_dim, K - 1} ||
+        r.shape != std::vector<int64_t>{p.num_v_heads, p.k_dim, p.v_dim}) {
+      fail("sequence " + std::to_string(b) + ": conv state " + shape_str(c.shape) +
+           " / recurrent state " + shape_str(r.shape) + " must be [" + std::to_string(conv_dim) +
+           ", " + std::to_string(K - 1) + "] / [" + std::to_string(p.num_v_heads) + ", " +
+           std::to_string(p.k_dim) + ", " + std::to_string(p.v_dim) + "]");
+    }
+    conv.push_back(c.data);
+    rec.push_back(static_cast<float*>(r.data));
+    keep.push_back(std::move(c));
+    keep.push_back(std::move(r));
+  }
+}
+
+void moe_weights(MoeBlockProblem& p, const std::string& dtype, int64_t hidden,
+                 const py::handle& norm, double eps, const py::handle& router,
+                 const py::handle& gate_up, const py::handle& down,
+                 const py::handle& shared_gate_up, const py::handle& shared_down, int64_t top_k,
+                 bool norm_topk_prob, std::vector<TensorArg>& keep) {
+  const std::vector<std::string> same = {dtype};
   TensorArg na = check_tensor(norm, "norm", "[H]", 1, {"float32"});
   TensorArg ra = check_tensor(router, "router", "[E (+1), H]", 2, same);
   TensorArg gu = check_tensor(gate_up, "gate_up", "[E, 2I, H]", 3, same);
   TensorArg dn = check_tensor(down, "down", "[E, H, I]", 3, same);
-  const int64_t B = ha.shape[0], H = ha.shape[1], E = gu.shape[0], I = gu.shape[1] / 2;
-  const auto fail = [](const std::string& what) { throw py::value_error(what); };
+  const int64_t H = hidden, E = gu.shape[0], I = gu.shape[1] / 2;
   const bool shared = !shared_gate_up.is_none();
   if (shared == shared_down.is_none()) fail("shared_gate_up and shared_down go together");
   if (na.shape[0] != H) fail("norm must be [" + std::to_string(H) + "]");
@@ -145,11 +208,9 @@ py::tuple moe_block_decode(const py::handle& h, const py::handle& norm, double e
   if (top_k < 1 || top_k > E) {
     fail("top_k " + std::to_string(top_k) + " outside [1, " + std::to_string(E) + "]");
   }
-  MoeBlockProblem p;
-  TensorArg sg, sd;
   if (shared) {
-    sg = check_tensor(shared_gate_up, "shared_gate_up", "[2Is, H]", 2, same);
-    sd = check_tensor(shared_down, "shared_down", "[H, Is]", 2, same);
+    TensorArg sg = check_tensor(shared_gate_up, "shared_gate_up", "[2Is, H]", 2, same);
+    TensorArg sd = check_tensor(shared_down, "shared_down", "[H, Is]", 2, same);
     const int64_t is = sg.shape[0] / 2;
     if (sg.shape[0] != 2 * is || sg.shape[1] != H || sd.shape != std::vector<int64_t>{H, is}) {
       fail("shared_gate_up " + shape_str(sg.shape) + " / shared_down " + shape_str(sd.shape) +
@@ -158,28 +219,90 @@ py::tuple moe_block_decode(const py::handle& h, const py::handle& norm, double e
     p.shared_intermediate = is;
     p.shared_gate_up = sg.data;
     p.shared_down = sd.data;
+    keep.push_back(std::move(sg));
+    keep.push_back(std::move(sd));
   }
-  p.batch = B;
   p.hidden = H;
   p.num_experts = E;
   p.intermediate = I;
   p.top_k = top_k;
   p.norm_topk_prob = norm_topk_prob;
-  p.bf16 = ha.is_bf16;
-  p.h = ha.data;
-  p.norm = static_cast<const float*>(na.data);
+  p.bf16 = ra.is_bf16;
+  p.norm = fp32_data(na);
   p.eps = static_cast<float>(eps);
   p.router = ra.data;
   p.gate_up = gu.data;
   p.down = dn.data;
-  p.isa = resolve_isa(isa);
+  for (TensorArg* a : {&na, &ra, &gu, &dn}) keep.push_back(std::move(*a));
+}
+
+py::object empty_int64(int64_t rows, int64_t cols, int64_t** data) {
   const TorchRefs& torch = torch_refs();
   py::object int64;
   for (const auto& [obj, name] : torch.dtypes) {
     if (name == "int64") int64 = obj;
   }
-  py::object ids = torch.empty(B, top_k, py::arg("dtype") = int64);
-  p.topk_ids = reinterpret_cast<int64_t*>(call_method(ids, torch.data_ptr).cast<uintptr_t>());
+  py::object t = torch.empty(rows, cols, py::arg("dtype") = int64);
+  *data = reinterpret_cast<int64_t*>(call_method(t, torch.data_ptr).cast<uintptr_t>());
+  return t;
+}
+
+namespace {
+
+const std::vector<std::string> kDense = {"float32", "bfloat16"};
+
+// One decode step of a paged GQA attention layer (freetoken/attention.h) for B sequences;
+// returns out [B, H] fp32. Blocking, GIL released, queued behind earlier pool work.
+py::object attention_decode(const py::handle& x, const py::handle& qkv_w, const py::handle& o_w,
+                            const py::handle& q_norm, const py::handle& k_norm,
+                            const py::handle& cos, const py::handle& sin,
+                            const py::handle& pool_k, const py::handle& pool_v,
+                            const py::handle& kv_slots, const py::handle& kv_offsets,
+                            int64_t num_heads, int64_t num_kv_heads, bool gated, double eps,
+                            double scale, const py::handle& input_norm, double input_eps,
+                            const std::optional<std::string>& isa) {
+  TensorArg xa = check_tensor(x, "x", "[B, H]", 2, kDense);
+  const int64_t B = xa.shape[0], H = xa.shape[1];
+  std::vector<TensorArg> keep;
+  DecodeAttentionProblem p;
+  attention_weights(p, xa.dtype, H, qkv_w, o_w, q_norm, k_norm, num_heads, num_kv_heads, gated,
+                    eps, scale, input_norm, input_eps, keep);
+  TensorArg pk = check_tensor(pool_k, "pool_k", "[slots, nkv, hd]", 3, {xa.dtype});
+  TensorArg pv = check_tensor(pool_v, "pool_v", "[slots, nkv, hd]", 3, {xa.dtype});
+  if (pk.shape != pv.shape || pk.shape[1] != num_kv_heads || pk.shape[2] != p.head_dim) {
+    fail("pool_k " + shape_str(pk.shape) + " / pool_v " + shape_str(pv.shape) +
+         " must both be [slots, " + std::to_string(num_kv_heads) + ", " +
+         std::to_string(p.head_dim) + "]");
+  }
+  attention_step(p, B, cos, sin, kv_slots, kv_offsets, keep);
+  p.x = xa.data;
+  p.pool_k = pk.data;
+  p.pool_v = pv.data;
+  p.num_slots = pk.shape[0];
+  p.isa = resolve_isa(isa);
+  return run_on_pool(B, H, [p](float* out, ThreadPool& pool) mutable {
+    p.out = out;
+    attention_decode(p, pool);
+  });
+}
+
+// One decode step of a sparse MoE block with resident dense experts (freetoken/moe_block.h);
+// returns (out [B, H] fp32 = h + block(h), topk_ids [B, k] int64). Blocking, GIL released.
+py::tuple moe_block_decode(const py::handle& h, const py::handle& norm, double eps,
+                           const py::handle& router, const py::handle& gate_up,
+                           const py::handle& down, const py::handle& shared_gate_up,
+                           const py::handle& shared_down, int64_t top_k, bool norm_topk_prob,
+                           const std::optional<std::string>& isa) {
+  TensorArg ha = check_tensor(h, "h", "[B, H]", 2, kDense);
+  const int64_t B = ha.shape[0], H = ha.shape[1];
+  std::vector<TensorArg> keep;
+  MoeBlockProblem p;
+  moe_weights(p, ha.dtype, H, norm, eps, router, gate_up, down, shared_gate_up, shared_down,
+              top_k, norm_topk_prob, keep);
+  p.batch = B;
+  p.h = ha.data;
+  p.isa = resolve_isa(isa);
+  py::object ids = empty_int64(B, top_k, &p.topk_ids);
   py::object out = run_on_pool(B, H, [p](float* out, ThreadPool& pool) mutable {
     p.out = out;
     moe_block_decode(p, pool);
@@ -196,76 +319,19 @@ py::object gdn_decode(const py::handle& x, const py::handle& in_w, const py::han
                       int64_t num_k_heads, int64_t num_v_heads, double eps,
                       const py::handle& input_norm, double input_eps,
                       const std::optional<std::string>& isa) {
-  TensorArg xa = check_tensor(x, "x", "[B, H]", 2, {"float32", "bfloat16"});
-  const std::vector<std::string> same = {xa.dtype};
-  TensorArg ia = check_tensor(in_w, "in_w", "[rows, H]", 2, same);
-  TensorArg ca = check_tensor(conv_w, "conv_w", "[conv_dim, K]", 2, same);
-  TensorArg oa = check_tensor(out_w, "out_w", "[H, Hv * dv]", 2, same);
-  TensorArg dt = check_tensor(dt_bias, "dt_bias", "[Hv]", 1, {"float32"});
-  TensorArg al = check_tensor(a_log, "a_log", "[Hv]", 1, {"float32"});
-  TensorArg nw = check_tensor(norm_w, "norm_w", "[dv]", 1, {"float32"});
+  TensorArg xa = check_tensor(x, "x", "[B, H]", 2, kDense);
   const int64_t B = xa.shape[0], H = xa.shape[1];
-  const auto fail = [](const std::string& what) { throw py::value_error(what); };
+  std::vector<TensorArg> keep;
+  GdnDecodeProblem p;
   if (static_cast<int64_t>(conv_states.size()) != B ||
       static_cast<int64_t>(recurrent.size()) != B) {
     fail("conv_states and recurrent need one tensor per sequence (" + std::to_string(B) + ")");
   }
-  if (num_k_heads < 1 || num_v_heads % num_k_heads != 0) {
-    fail("num_v_heads " + std::to_string(num_v_heads) + " is not a multiple of num_k_heads " +
-         std::to_string(num_k_heads));
-  }
-  if (nw.shape[0] < 1 || oa.shape[0] != H || oa.shape[1] != num_v_heads * nw.shape[0]) {
-    fail("out_w " + shape_str(oa.shape) + " must be [" + std::to_string(H) + ", Hv * dv]");
-  }
-  const int64_t dv = nw.shape[0], value_dim = num_v_heads * dv;
-  const int64_t conv_dim = ca.shape[0], K = ca.shape[1];
-  const int64_t key_dim = (conv_dim - value_dim) / 2, dk = key_dim / num_k_heads;
-  if (K < 1 || key_dim <= 0 || 2 * key_dim + value_dim != conv_dim || dk * num_k_heads != key_dim) {
-    fail("conv_w " + shape_str(ca.shape) + " must be [2 * Hk * dk + Hv * dv, K]");
-  }
-  if (ia.shape[0] != conv_dim + value_dim + 2 * num_v_heads || ia.shape[1] != H) {
-    fail("in_w " + shape_str(ia.shape) + " must be [" +
-         std::to_string(conv_dim + value_dim + 2 * num_v_heads) + ", " + std::to_string(H) + "]");
-  }
-  if (dt.shape[0] != num_v_heads || al.shape[0] != num_v_heads) {
-    fail("dt_bias / a_log must be [" + std::to_string(num_v_heads) + "]");
-  }
-  GdnDecodeProblem p;
-  std::vector<TensorArg> keep;
-  for (int64_t b = 0; b < B; ++b) {
-    TensorArg c = check_tensor(conv_states[b], "conv_states[b]", "[conv_dim, K-1]", 2, same);
-    TensorArg r = check_tensor(recurrent[b], "recurrent[b]", "[Hv, dk, dv]", 3, {"float32"});
-    if (c.shape != std::vector<int64_t>{conv_dim, K - 1} ||
-        r.shape != std::vector<int64_t>{num_v_heads, dk, dv}) {
-      fail("sequence " + std::to_string(b) + ": conv state " + shape_str(c.shape) +
-           " / recurrent state " + shape_str(r.shape) + " must be [" + std::to_string(conv_dim) +
-           ", " + std::to_string(K - 1) + "] / [" + std::to_string(num_v_heads) + ", " +
-           std::to_string(dk) + ", " + std::to_string(dv) + "]");
-    }
-    p.conv_state.push_back(c.data);
-    p.recurrent.push_back(static_cast<float*>(r.data));
-    keep.push_back(std::move(c));
-    keep.push_back(std::move(r));
-  }
+  gdn_weights(p, xa.dtype, H, in_w, conv_w, dt_bias, a_log, norm_w, out_w, num_k_heads,
+              num_v_heads, eps, input_norm, input_eps, keep);
+  gdn_states(p, xa.dtype, B, conv_states, recurrent, p.conv_state, p.recurrent, keep);
   p.batch = B;
-  p.hidden = H;
-  p.num_k_heads = num_k_heads;
-  p.num_v_heads = num_v_heads;
-  p.k_dim = dk;
-  p.v_dim = dv;
-  p.conv_kernel = K;
-  p.bf16 = xa.is_bf16;
   p.x = xa.data;
-  p.in_w = ia.data;
-  p.conv_w = ca.data;
-  p.dt_bias = static_cast<const float*>(dt.data);
-  p.a_log = static_cast<const float*>(al.data);
-  p.norm_w = static_cast<const float*>(nw.data);
-  p.eps = static_cast<float>(eps);
-  p.out_w = oa.data;
-  TensorArg norm_arg;
-  p.input_norm = input_norm_of(input_norm, H, norm_arg);
-  p.input_eps = static_cast<float>(input_eps);
   p.isa = resolve_isa(isa);
   return run_on_pool(B, H, [p](float* out, ThreadPool& pool) mutable {
     p.out = out;

@@ -25,6 +25,7 @@ from torch import nn
 from freetoken.models.attention import Attention, AttnContext
 from freetoken.models.base import CausalLM, check_batch
 from freetoken.models.config import ModelConfig
+from freetoken.models.decode_stack import build_decode_stack, run_decode_stack
 from freetoken.models.gated_deltanet import GatedDeltaNet
 from freetoken.models.loader import WeightTarget
 from freetoken.models.moe import DenseMLP, SparseMoE
@@ -106,6 +107,10 @@ class DecoderLM(CausalLM):
             layer, and each MoE block with resident experts, for all sequences in one C++ call
             (:meth:`_paged_decode_batch`); False keeps the per-sequence torch path (tests
             compare the two).
+        decode_stack: with ``paged_decode``, run a whole decode step (embedding to logits) as
+            one C++ call when every layer fits (:mod:`freetoken.models.decode_stack`), built on
+            the first such step (:meth:`reset_decode_stack` after replacing weights); False
+            keeps one call per layer (tests compare the two).
         decode_threads: intra-op threads used while consuming a single token (restored after);
             None keeps torch's setting. Defaults to 1 on machines with <= 4 CPUs.
     """
@@ -119,6 +124,8 @@ class DecoderLM(CausalLM):
         self.prefill_chunk = DEFAULT_PREFILL_CHUNK
         self.decode_threads = DEFAULT_DECODE_THREADS
         self.paged_decode = True
+        self.decode_stack = True
+        self._decode_stack = None  # (stack or None) once built
         h, v = config.hidden_size, config.vocab_size
         self.embed = nn.Parameter(torch.empty(v, h, dtype=dtype, device=device),
                                   requires_grad=False)
@@ -184,6 +191,28 @@ class DecoderLM(CausalLM):
                 caches.append(KVCache(c.num_key_value_heads, c.head_dim, self.dtype,
                                       self.embed.device))
         return HybridState(caches)
+
+    def reset_decode_stack(self) -> None:
+        """Drop the whole-step decode stack; the next decode step builds it from the current
+        parameters."""
+        self._decode_stack = None
+
+    def _stack_step(self, inputs: list[torch.Tensor], states: list[HybridState],
+                    capture) -> torch.Tensor | None:
+        """Logits of a decode step run as one C++ call, or None (nothing changed) when the step
+        or the model does not fit it or a recurrent-state snapshot is due."""
+        if not (self.paged_decode and self.decode_stack) or any(i.shape[0] != 1 for i in inputs):
+            return None
+        if capture is not None and any(s.num_tokens + 1 in want
+                                       for s, want in zip(states, capture[0])):
+            return None
+        if self._decode_stack is None:
+            self._decode_stack = (build_decode_stack(self),)
+        stack = self._decode_stack[0]
+        if stack is None:
+            return None
+        ids = (torch.cat(inputs) if len(inputs) > 1 else inputs[0]).to(torch.int64)
+        return run_decode_stack(self, stack, ids, states)
 
     def _attention_layers(self) -> list[int]:
         return [i for i, layer in enumerate(self.layers) if not isinstance(layer.mixer,
@@ -430,6 +459,10 @@ class DecoderLM(CausalLM):
 
     def _forward_batch(self, inputs: list[torch.Tensor], states: list[HybridState],
                        capture=None) -> torch.Tensor:
+        with torch.inference_mode():
+            logits = self._stack_step(inputs, states, capture)
+        if logits is not None:
+            return logits
         device, chunk = self.embed.device, self.prefill_chunk
         wanted, snapshots = capture if capture is not None else ([()] * len(inputs), None)
         tails = []

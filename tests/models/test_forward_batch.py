@@ -76,18 +76,19 @@ def test_batch_equals_each_sequence_alone(model) -> None:
         assert b.num_tokens == a.num_tokens == PROMPT_LENGTHS[i] + STEPS + extra[i]
 
 
-def _decode_run(ft, ids, paged_decode: bool, steps: int = 4):
+def _decode_run(ft, ids, paged_decode: bool, steps: int = 4, stack: bool = False):
     """Three paged sequences prefilled, then ``steps`` decode steps that all follow the first
-    run's tokens (teacher-forced, so the two runs see the same inputs): logits per step."""
+    run's tokens (teacher-forced, so the two runs see the same inputs): logits per step. With
+    ``paged_decode``, ``stack`` picks the whole-step call over one call per layer."""
     states = paged_states(ft, 3)
-    ft.paged_decode = paged_decode
+    ft.paged_decode, ft.decode_stack = paged_decode, stack
     try:
         logits = [ft.forward_batch([ids[:n] for n in PROMPT_LENGTHS], states)]
         for step in range(steps):
             tokens = [torch.tensor([int(t) + step]) for t in ids[:3]]
             logits.append(ft.forward_batch(tokens, states))
     finally:
-        ft.paged_decode = True
+        ft.paged_decode = ft.decode_stack = True
     return torch.stack(logits), states
 
 
@@ -146,6 +147,55 @@ def test_paged_decode_runs_each_layer_in_one_call(model, monkeypatch) -> None:
         used = a.layers[ft._attention_layers()[0]].table.valid()[: kv_a[0].length]
         torch.testing.assert_close(kv_a[0].pool.k[:, used], kv_b[0].pool.k[:, used],
                                    rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_decode_stack_equals_one_call_per_layer(arch, tiny_checkpoint, dtype, monkeypatch) -> None:
+    """A decode step as one C++ call (``decode_stack``) leaves the same K/V, recurrent states
+    and routing as one call per layer, bit for bit, and its logits differ only by the final
+    norm's summation order; the per-layer ops do not run."""
+    from freetoken.ops.decode_stack import DecodeStack
+    from freetoken.ops.cpu_moe import relative_rms_error
+
+    path = tiny_checkpoint(arch)
+    ft = load_model(path, dtype=dtype)
+    ids = prompt_ids(path, 40)
+    runs = []
+    stack_run = DecodeStack.run
+
+    def counted(self, *args):
+        runs.append(args[0].shape[0])
+        return stack_run(self, *args)
+
+    monkeypatch.setattr(DecodeStack, "run", counted)
+    out = {}
+    for stack in (True, False):
+        routes = []
+        ft.set_routing_observer(lambda layer, ids_: routes.append((layer, ids_.clone())))
+        try:
+            logits, states = _decode_run(ft, ids, paged_decode=True, stack=stack)
+        finally:
+            ft.set_routing_observer(None)
+        out[stack] = logits, states, routes
+        if stack:
+            assert runs == [3] * 4
+            runs.clear()
+    assert runs == []
+    (a, states_a, routes_a), (b, states_b, routes_b) = out[True], out[False]
+    assert [layer for layer, _ in routes_a] == [layer for layer, _ in routes_b]
+    assert all(torch.equal(x, y) for (_, x), (_, y) in zip(routes_a, routes_b))
+    for sa, sb in zip(states_a, states_b):
+        assert sa.num_tokens == sb.num_tokens
+        for x, y in zip(ft.recurrent_tensors(sa), ft.recurrent_tensors(sb)):
+            assert torch.equal(x, y)
+        kv_a = [kv for kv in sa.layers if isinstance(kv, PagedKV)]
+        assert [kv.length for kv in kv_a] == [kv.length for kv in sb.layers
+                                              if isinstance(kv, PagedKV)]
+        used = kv_a[0].table.valid()[: kv_a[0].length]
+        assert torch.equal(kv_a[0].pool.k[:, used], sb.layers[ft._attention_layers()[0]]
+                           .pool.k[:, used])
+    assert torch.equal(a[0], b[0])  # the prefill step is the same torch code
+    assert relative_rms_error(b[1:], a[1:]) <= (1e-6 if dtype == torch.float32 else 4e-3)
 
 
 def test_paged_decode_in_bf16_is_within_the_documented_tolerance(arch, tiny_checkpoint) -> None:

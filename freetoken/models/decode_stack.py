@@ -1,0 +1,101 @@
+"""A :class:`~freetoken.models.decoder.DecoderLM` decode step as one C++ call.
+
+:func:`build_decode_stack` turns the model's layers into a
+:class:`~freetoken.ops.decode_stack.DecodeStack` when every layer fits the C++ decode ops (CPU,
+fp32 / bf16 weights, a sparse MoE block with resident experts in every layer);
+:func:`run_decode_stack` runs one step of paged sequences through it and applies the effects the
+per-layer path has on the Python side (KV lengths, token counts, routing observers).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from freetoken.models.attention import Attention
+from freetoken.models.gated_deltanet import GatedDeltaNet
+from freetoken.models.moe import SparseMoE
+from freetoken.models.moe_forward import ExpertWeights
+from freetoken.models.paged import PagedDecodeBatch, PagedKV
+from freetoken.models.state import HybridState
+from freetoken.ops.decode_stack import AttentionLayer, DecodeStack, GdnLayer, MoeLayer
+from freetoken.ops.linear import KERNEL_MAX_ROWS, cpu_kernel_fits
+
+_EMPTY = torch.empty(0)
+
+
+def _mixer_spec(mixer, norm, pool_layer: int) -> AttentionLayer | GdnLayer:
+    if isinstance(mixer, GatedDeltaNet):
+        return GdnLayer(mixer.in_weight, mixer.conv_weight, mixer.dt_bias, mixer.A_log,
+                        mixer.norm_weight, mixer.out_weight, mixer.hk, mixer.hv, mixer.eps,
+                        norm.scale(), norm.eps)
+    return AttentionLayer(mixer.qkv_weight, mixer.o_weight, mixer.q_norm.scale(),
+                          mixer.k_norm.scale(), mixer.nh, mixer.nkv, mixer.gated,
+                          mixer.q_norm.eps, mixer.scale, norm.scale(), norm.eps, pool_layer)
+
+
+def _moe_spec(mlp: SparseMoE, norm) -> MoeLayer:
+    shared = (mlp.shared.gate_up, mlp.shared.down) if mlp.has_shared else (None, None)
+    return MoeLayer(norm.scale(), norm.eps, mlp.router, mlp.experts.gate_up, mlp.experts.down,
+                    *shared, mlp.top_k, mlp.norm_topk_prob)
+
+
+def build_decode_stack(model) -> DecodeStack | None:
+    """The model's decode step as a :class:`DecodeStack`, or None when a layer does not fit
+    (a dense MLP, offloaded experts, weights off the CPU or not one fp32 / bf16 dtype). The stack
+    reads the parameters' storage: build a new one after replacing a parameter tensor."""
+    probe = model.embed[:1]
+    if not cpu_kernel_fits(probe, model.embed, model.lm_head):
+        return None
+    layers, pool_layer = [], 0
+    for layer in model.layers:
+        mixer, mlp = layer.mixer, layer.mlp
+        if not isinstance(mlp, SparseMoE) or not mlp.fused_fits(probe):
+            return None
+        if isinstance(mixer, GatedDeltaNet):
+            if not mixer.decode_fits(probe):
+                return None
+        elif not isinstance(mixer, Attention) or not mixer.paged_decode_fits(probe):
+            return None
+        layers.append((_mixer_spec(mixer, layer.input_norm, pool_layer),
+                       _moe_spec(mlp, layer.post_norm)))
+        pool_layer += isinstance(mixer, Attention)
+    assert all(isinstance(m.experts, ExpertWeights) for m in model.moe_blocks())
+    return DecodeStack(model.embed, model.norm.scale(), model.norm.eps, model.lm_head, layers)
+
+
+def run_decode_stack(model, stack: DecodeStack, ids: torch.Tensor,
+                     states: list[HybridState]) -> torch.Tensor | None:
+    """One decode step of ``B = len(states)`` sequences (``ids [B]`` int64, their new tokens)
+    through ``stack``; None, with nothing changed, when the step does not fit it (more than
+    ``KERNEL_MAX_ROWS`` sequences, or attention states not all :class:`PagedKV` in one pool).
+
+    Returns:
+        ``[B, V]`` fp32 logits; each state's KV lengths and ``num_tokens`` grow by one and every
+        MoE block's routing observer sees its top-k ids, as on the per-layer path.
+    """
+    if ids.shape[0] > KERNEL_MAX_ROWS:
+        return None
+    attn = model._attention_layers()
+    pool_k = pool_v = None
+    cos = sin = kv_slots = kv_offsets = _EMPTY
+    if attn:
+        first = [s.layers[attn[0]] for s in states]
+        if not all(isinstance(kv, PagedKV) and kv.pool is first[0].pool for kv in first):
+            return None
+        batch = PagedDecodeBatch.build([kv.table for kv in first],
+                                       [s.num_tokens for s in states], model.rotary)
+        cos, sin, kv_slots, kv_offsets = batch.cos, batch.sin, batch.kv_slots, batch.kv_offsets
+        pool_k, pool_v = first[0].pool.k, first[0].pool.v
+    gdn = stack.gdn_layers
+    conv = [[s.layers[i].conv for s in states] for i in gdn]
+    recurrent = [[s.layers[i].recurrent for s in states] for i in gdn]
+    logits, topk = stack.run(ids, cos, sin, pool_k, pool_v, kv_slots, kv_offsets, conv,
+                             recurrent)
+    for s in states:
+        for i in attn:
+            s.layers[i].length += 1
+        s.num_tokens += 1
+    for block, layer_ids in zip(model.moe_blocks(), topk):
+        if block.routing_observer is not None:
+            block.routing_observer(block.moe_layer, layer_ids)
+    return logits
