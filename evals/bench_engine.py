@@ -11,7 +11,10 @@ after the other on 127.0.0.1, and each gets the same streamed ``/v1/completions`
   run's prompt starts with a different token, so no prefix cache applies);
 
 and the ratio llama.cpp / FreeToken of each (decode: ms ratio, >= 1 means FreeToken is at least
-as fast; prefill: tok/s ratio FreeToken / llama.cpp). Per ``--concurrency`` count c it sends c
+as fast; prefill: tok/s ratio FreeToken / llama.cpp). With ``--overhead`` (the default) both
+engines also serve the embedded tiny qwen3_next, and FreeToken's decode ms/token there is split
+into its model step alone (``forward_batch`` timed in this process) and the rest: the per-step
+engine overhead (scheduler, batch build, sampler, detokenizer, streaming). Per ``--concurrency`` count c it sends c
 streamed requests of ``--concurrent-prompt`` new tokens at once and reports the aggregate decode
 tok/s while all of them decode (tokens arriving between the latest first token and the earliest
 last one, over that span; llama-server gets c slots), its ratio FreeToken / llama.cpp and each
@@ -169,6 +172,36 @@ def run_engine(cmd: list[str], url: str, args: argparse.Namespace, vocab: int,
             proc.kill()
 
 
+def model_step_ms(model_dir: Path, prompt: int, steps: int) -> float:
+    """Median ms of one decode step of FreeToken's model alone (``forward_batch`` of one
+    sequence over a paged KV pool, the checkpoint's dtype, no engine around it): what a served
+    token costs minus the engine's per-step overhead."""
+    import torch
+
+    from freetoken.models.paged import SlotTable
+    from freetoken.models.registry import load_model
+    from freetoken.prefix.kv_pool import KVPagePool
+
+    config = json.loads((model_dir / "config.json").read_text())
+    dtype = torch.bfloat16 if config.get("torch_dtype") == "bfloat16" else torch.float32
+    model = load_model(model_dir, dtype=dtype)
+    page = 16
+    pool = KVPagePool(model.kv_layout(), num_pages=(prompt + steps + 40) // page + 1,
+                      page_size=page)
+    table = SlotTable([s for p in pool.alloc_pages(pool.num_pages) for s in pool.page_slots(p)])
+    state = model.new_paged_state(pool, table)
+    rng = random.Random(0)
+    model.forward_batch([torch.tensor([rng.randrange(1000) for _ in range(prompt)])], [state])
+    times = []
+    for i in range(steps + 20):
+        ids = [torch.tensor([rng.randrange(1000)])]
+        t0 = time.perf_counter()
+        model.forward_batch(ids, [state])
+        if i >= 20:  # warm-up steps
+            times.append(1e3 * (time.perf_counter() - t0))
+    return statistics.median(times)
+
+
 def _positive(text: str) -> int:
     try:
         value = int(text)
@@ -205,9 +238,54 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--threads", type=_positive, default=os.cpu_count() or 1,
                     help="llama.cpp threads (FreeToken picks its own)")
     ap.add_argument("--freetoken-args", default="", help="extra flags for freetoken serve")
+    ap.add_argument("--overhead", action=argparse.BooleanOptionalAction, default=True,
+                    help="also serve the embedded tiny qwen3_next on both engines: decode "
+                         "ms/token, FreeToken's model step alone, and the rest (per-step "
+                         "engine overhead)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, default=None, help="also write the results here")
     return ap
+
+
+def serve_both(model: Path, args: argparse.Namespace) -> tuple[dict, dict, str]:
+    """FreeToken's and llama-server's :func:`measure` results on ``model`` (one server at a
+    time), and the checkpoint dtype the GGUF keeps (``bf16`` or ``f32``)."""
+    config = json.loads((model / "config.json").read_text())
+    vocab = min(config["vocab_size"], 8192)  # prompt ids: ordinary tokens, never the specials
+    outtype = "bf16" if config.get("torch_dtype") == "bfloat16" else "f32"
+    bin_dir, gguf_python = _tools()
+    gguf = _gguf(model, gguf_python, outtype)
+    slots = max([1, *args.concurrency])
+    per_slot = max(args.prompts + [args.concurrent_prompt]) + args.tokens + 64
+    ft_port, ll_port = 8431, 8432
+    ft = run_engine([sys.executable, "-m", "freetoken", "serve", "--model", str(model),
+                     "--port", str(ft_port), *args.freetoken_args.split()],
+                    f"http://127.0.0.1:{ft_port}", args, vocab)
+    env = dict(os.environ, LD_LIBRARY_PATH=str(bin_dir))
+    ll = run_engine([str(bin_dir / "llama-server"), "-m", str(gguf), "--port", str(ll_port),
+                     "-t", str(args.threads), "-c", str(slots * per_slot), "-np", str(slots),
+                     "--no-webui"],
+                    f"http://127.0.0.1:{ll_port}", args, vocab, env)
+    return ft, ll, outtype
+
+
+def overhead(args: argparse.Namespace) -> dict:
+    """The per-step row on the embedded tiny qwen3_next (16-token prompt): both engines' decode
+    ms/token served, FreeToken's model step alone, and FreeToken's rest (engine overhead)."""
+    from freetoken.models.tiny import cached_tiny
+
+    model = cached_tiny("qwen3_next", "tiny", progress=print)
+    tiny = argparse.Namespace(**{**vars(args), "prompts": [16], "concurrency": []})
+    ft, ll, _ = serve_both(model, tiny)
+    served, peer = ft["prompts"][16]["decode_ms"], ll["prompts"][16]["decode_ms"]
+    step = model_step_ms(model, 16, 200)
+    row = dict(model=str(model), freetoken_decode_ms=served, llamacpp_decode_ms=peer,
+               ratio=peer / served, freetoken_model_step_ms=step,
+               freetoken_overhead_ms=served - step)
+    print(f"tiny qwen3_next, 16-token prompt: decode ms/token FreeToken {served:.2f} (model step "
+          f"{step:.2f} + engine overhead {served - step:.2f}), llama.cpp {peer:.2f}, ratio "
+          f"{row['ratio']:.2f}")
+    return row
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -219,22 +297,7 @@ def main(argv: list[str] | None = None) -> int:
         from freetoken.models.tiny import cached_tiny
 
         args.model = cached_tiny("qwen3_moe", "small", progress=print)
-    config = json.loads((args.model / "config.json").read_text())
-    vocab = min(config["vocab_size"], 8192)  # prompt ids: ordinary tokens, never the specials
-    outtype = "bf16" if config.get("torch_dtype") == "bfloat16" else "f32"
-    bin_dir, gguf_python = _tools()
-    gguf = _gguf(args.model, gguf_python, outtype)
-    slots = max([1, *args.concurrency])
-    per_slot = max(args.prompts + [args.concurrent_prompt]) + args.tokens + 64
-    ft_port, ll_port = 8431, 8432
-    ft = run_engine([sys.executable, "-m", "freetoken", "serve", "--model", str(args.model),
-                     "--port", str(ft_port), *args.freetoken_args.split()],
-                    f"http://127.0.0.1:{ft_port}", args, vocab)
-    env = dict(os.environ, LD_LIBRARY_PATH=str(bin_dir))
-    ll = run_engine([str(bin_dir / "llama-server"), "-m", str(gguf), "--port", str(ll_port),
-                     "-t", str(args.threads), "-c", str(slots * per_slot), "-np", str(slots),
-                     "--no-webui"],
-                    f"http://127.0.0.1:{ll_port}", args, vocab, env)
+    ft, ll, outtype = serve_both(args.model, args)
     rows = []
     print(f"model {args.model.name} ({outtype}), {args.tokens} tokens, median of {args.repeats}; "
           f"freetoken serve {args.freetoken_args or '(defaults)'}; llama-server -t {args.threads}")
@@ -264,9 +327,10 @@ def main(argv: list[str] | None = None) -> int:
         concurrency.append(row)
         print(f"{c:>10} {a:>20.1f} {b:>10.1f} {row['ratio']:>6.2f}   "
               f"{row['freetoken_scaling']:>11.2f} {row['llamacpp_scaling']:>18.2f}")
+    per_step = overhead(args) if args.overhead else None
     if args.json:
         args.json.write_text(json.dumps({"model": str(args.model), "rows": rows,
-                                         "concurrency": concurrency,
+                                         "concurrency": concurrency, "overhead": per_step,
                                          "freetoken_args": args.freetoken_args}, indent=2))
     return 0
 

@@ -1,9 +1,10 @@
 // Gated DeltaNet decode over the pool (freetoken/gdn.h), compiled without ISA flags: the two
-// projections run the rows_dot kernels through linear_forward, the conv, norms and gates run on
-// the calling thread (a few thousand values), and the delta rule runs one task per (sequence,
-// value head) on the pool in its ISA variant.
+// projections run the rows_dot kernels through linear_forward, the conv runs one task per chunk
+// of channels, the q/k norms and gates on the calling thread (a few hundred values), and the
+// delta rule with the head's gated RMSNorm one task per (sequence, value head) on the pool.
 #include "freetoken/gdn.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -15,6 +16,8 @@ namespace freetoken {
 namespace {
 
 float softplus(float v) { return v > 20.0f ? v : std::log1p(std::exp(v)); }  // torch's threshold
+
+constexpr int64_t kConvChunk = 512;  // channels per conv task
 
 }  // namespace
 
@@ -45,22 +48,36 @@ void gdn_decode(const GdnDecodeProblem& p, ThreadPool& pool) {
           p.hidden, p.in_w, rows, p.bf16, p.isa, proj.data(), pool);
   if (p.bf16) round_to_bf16(proj.data(), B * rows);
 
-  // conv + SiLU -> [q | k | v] per sequence; q, k L2-normalised (fp32); beta, decay per v head
+  // conv + SiLU -> [q | k | v] per sequence, one task per chunk of channels (each channel's
+  // taps, state and output its own); then q, k L2-normalised (fp32), beta, decay per v head
   std::vector<float> mixed(B * conv_dim), beta(B * hv), decay(B * hv);
-  std::vector<float> window(K), taps(K);
+  const int64_t chunks = (conv_dim + kConvChunk - 1) / kConvChunk;
+  pool.parallel_for(B * chunks, [&](int64_t task) {
+    const int64_t b = task / chunks, c0 = task % chunks * kConvChunk;
+    const int64_t n = std::min(conv_dim, c0 + kConvChunk) - c0;
+    thread_local std::vector<float> state, taps, window;
+    state.resize(n * (K - 1));
+    taps.resize(n * K);
+    window.resize(K);
+    load_values(p.conv_state[b], p.bf16, c0 * (K - 1), n * (K - 1), state.data());
+    load_values(p.conv_w, p.bf16, c0 * K, n * K, taps.data());
+    const float* row = proj.data() + b * rows + c0;
+    float* mix = mixed.data() + b * conv_dim + c0;
+    for (int64_t c = 0; c < n; ++c) {
+      float* st = state.data() + c * (K - 1);
+      const float* w = taps.data() + c * K;
+      std::copy(st, st + K - 1, window.begin());
+      window[K - 1] = row[c];
+      float y = 0.0f;
+      for (int64_t t = 0; t < K; ++t) y += kept(w[t] * window[t]);
+      mix[c] = kept(silu(kept(y)));
+      std::copy(window.begin() + 1, window.end(), st);
+    }
+    store_values(state.data(), n * (K - 1), p.conv_state[b], p.bf16, c0 * (K - 1));
+  });
   for (int64_t b = 0; b < B; ++b) {
     const float* row = proj.data() + b * rows;
     float* mix = mixed.data() + b * conv_dim;
-    void* state = p.conv_state[b];
-    for (int64_t c = 0; c < conv_dim; ++c) {
-      load_values(state, p.bf16, c * (K - 1), K - 1, window.data());
-      window[K - 1] = row[c];
-      load_values(p.conv_w, p.bf16, c * K, K, taps.data());
-      float y = 0.0f;
-      for (int64_t t = 0; t < K; ++t) y += kept(taps[t] * window[t]);
-      mix[c] = kept(silu(kept(y)));
-      store_values(window.data() + 1, K - 1, state, p.bf16, c * (K - 1));
-    }
     const float l2_eps = 1e-6f / static_cast<float>(dk);
     const float unit = 1.0f / std::sqrt(static_cast<float>(dk));
     for (int64_t h = 0; h < hk; ++h) {
@@ -95,18 +112,14 @@ void gdn_decode(const GdnDecodeProblem& p, ThreadPool& pool) {
     a.out = core.data() + b * value_dim + h * dv;
     a.scratch = scratch.data() + task * dv;
     step(a);
+    // gated RMSNorm of this head: rms_norm(core) * w * silu(z), z from the projection
+    const float* z = proj.data() + b * rows + conv_dim + h * dv;
+    float* y = a.out;
+    for (int64_t j = 0; j < dv; ++j) y[j] = kept(y[j]);
+    rms_norm(y, dv, p.norm_w, p.eps, 1.0f, y);
+    for (int64_t j = 0; j < dv; ++j) y[j] = kept(y[j] * silu(z[j]));
   });
 
-  // gated RMSNorm: rms_norm(core) * w * silu(z), z from the projection
-  for (int64_t b = 0; b < B; ++b) {
-    const float* z = proj.data() + b * rows + conv_dim;
-    for (int64_t h = 0; h < hv; ++h) {
-      float* y = core.data() + b * value_dim + h * dv;
-      for (int64_t j = 0; j < dv; ++j) y[j] = kept(y[j]);
-      rms_norm(y, dv, p.norm_w, p.eps, 1.0f, y);
-      for (int64_t j = 0; j < dv; ++j) y[j] = kept(y[j] * silu(z[h * dv + j]));
-    }
-  }
   project_residual(core.data(), B, value_dim, p.out_w, p.hidden, p.bf16, p.isa,
                    residual ? normed.h.data() : nullptr, p.out, pool);
 }

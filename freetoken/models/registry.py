@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from freetoken.huge_pages import advise_huge_pages
 from freetoken.models.base import CausalLM
 from freetoken.models.config import ModelConfig, unsupported_architecture_error
 from freetoken.models.decoder import DecoderLM
@@ -68,5 +69,6 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32,
         if model is not None:
             return model.eval()
     model = MODEL_CLASSES[arch](config, dtype=dtype, device=device)
+    advise_huge_pages(model.parameters())  # before load_weights first writes them
     load_weights(checkpoint, model.weight_targets())
     return model.eval()

@@ -24,6 +24,7 @@ import logging
 
 import torch
 
+from freetoken.huge_pages import advise_huge_pages
 from freetoken.models.loader import WeightTarget
 from freetoken.ops.cpu_moe.formats import ExpertBankView, build_banks, dequantize_bank
 
@@ -64,6 +65,7 @@ class ExpertBanks:
         n = num_layers * num_experts
         self.gate_up = torch.empty(n, 2 * intermediate, hidden, dtype=dtype)
         self.down = torch.empty(n, hidden, intermediate, dtype=dtype)
+        advise_huge_pages((self.gate_up, self.down))  # the CPU expert kernel streams them
         self.pinned = False
         self.format = "dense"
         self.view: ExpertBankView | None = None  # the 4-bit banks after :meth:`quantize`

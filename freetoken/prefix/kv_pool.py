@@ -19,6 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from freetoken.huge_pages import advise_huge_pages
+
 
 @dataclass(frozen=True)
 class KVLayout:
@@ -150,6 +152,7 @@ class KVPagePool:
         shape = (layout.num_layers, self.num_slots, layout.num_kv_heads, layout.head_dim)
         self.k = torch.empty(shape, dtype=layout.dtype, device=device)
         self.v = torch.empty(shape, dtype=layout.dtype, device=device)
+        advise_huge_pages((self.k, self.v))  # decode attention streams the K/V rows
         self._ref = np.zeros(num_pages, dtype=np.int64)
         # Stack of free pages; popping from the end hands out 0, 1, 2, ... first.
         self._free: list[int] = list(range(num_pages - 1, -1, -1))
