@@ -49,7 +49,7 @@ REPO = Path(__file__).resolve().parent.parent
 PEERS = REPO / "evals" / "peers"
 
 
-def _tools() -> tuple[Path, Path]:
+def llamacpp_tools() -> tuple[Path, Path]:
     """(llama.cpp bin folder, python with gguf) from build_llamacpp_tools.sh."""
     out = subprocess.run(["bash", str(PEERS / "build_llamacpp_tools.sh")], check=True,
                          capture_output=True, text=True).stdout
@@ -57,7 +57,7 @@ def _tools() -> tuple[Path, Path]:
     return Path(values["BIN"]), Path(values["GGUF_PYTHON"])
 
 
-def _gguf(model: Path, gguf_python: Path, outtype: str) -> Path:
+def bench_gguf(model: Path, gguf_python: Path, outtype: str) -> Path:
     digest = hashlib.sha256()
     for name in ("convert_gguf.py", "gguf_vocab.py", "safetensors_np.py"):  # the converter
         digest.update((PEERS / name).read_bytes())
@@ -76,7 +76,7 @@ def _gguf(model: Path, gguf_python: Path, outtype: str) -> Path:
     return path
 
 
-def _wait_ready(url: str, proc: subprocess.Popen, timeout: float = 600.0) -> None:
+def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 600.0) -> None:
     deadline = time.time() + timeout
     while time.time() < deadline:
         if proc.poll() is not None:
@@ -162,7 +162,7 @@ def run_engine(cmd: list[str], url: str, args: argparse.Namespace, vocab: int,
                env: dict | None = None) -> dict:
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, env=env)
     try:
-        _wait_ready(url, proc)
+        wait_ready(url, proc)
         return measure(url, args, vocab)
     finally:
         proc.terminate()
@@ -253,8 +253,8 @@ def serve_both(model: Path, args: argparse.Namespace) -> tuple[dict, dict, str]:
     config = json.loads((model / "config.json").read_text())
     vocab = min(config["vocab_size"], 8192)  # prompt ids: ordinary tokens, never the specials
     outtype = "bf16" if config.get("torch_dtype") == "bfloat16" else "f32"
-    bin_dir, gguf_python = _tools()
-    gguf = _gguf(model, gguf_python, outtype)
+    bin_dir, gguf_python = llamacpp_tools()
+    gguf = bench_gguf(model, gguf_python, outtype)
     slots = max([1, *args.concurrency])
     per_slot = max(args.prompts + [args.concurrent_prompt]) + args.tokens + 64
     ft_port, ll_port = 8431, 8432
