@@ -125,7 +125,7 @@ class DecoderLM(CausalLM):
         self.decode_threads = DEFAULT_DECODE_THREADS
         self.paged_decode = True
         self.decode_stack = True
-        self._decode_stack = None  # (stack or None) once built
+        self._decode_stack = None  # (stack or None, norm weights, their versions) once built
         h, v = config.hidden_size, config.vocab_size
         self.embed = nn.Parameter(torch.empty(v, h, dtype=dtype, device=device),
                                   requires_grad=False)
@@ -206,9 +206,14 @@ class DecoderLM(CausalLM):
         if capture is not None and any(s.num_tokens + 1 in want
                                        for s, want in zip(states, capture[0])):
             return None
-        if self._decode_stack is None:
-            self._decode_stack = (build_decode_stack(self),)
-        stack = self._decode_stack[0]
+        built = self._decode_stack
+        if built is None or tuple(w._version for w in built[1]) != built[2]:
+            # the stack holds copies of the norms' multipliers: rebuilt when a norm weight
+            # changed in place (every other weight it reads where it lies)
+            norms = [m.weight for m in self.modules() if isinstance(m, RMSNorm)]
+            built = self._decode_stack = (build_decode_stack(self), norms,
+                                          tuple(w._version for w in norms))
+        stack = built[0]
         if stack is None:
             return None
         ids = (torch.cat(inputs) if len(inputs) > 1 else inputs[0]).to(torch.int64)

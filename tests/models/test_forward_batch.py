@@ -385,3 +385,20 @@ def test_capture_needs_one_tuple_per_sequence(tiny_checkpoint) -> None:
     ft = load_model(tiny_checkpoint("qwen3_next"))
     with pytest.raises(ValueError, match="one capture tuple per sequence"):
         ft.forward_batch_capture([torch.tensor([1, 2])], [ft.new_state()], [])
+
+
+def test_decode_stack_follows_weights_changed_in_place(tiny_checkpoint) -> None:
+    """Weights written in place after the stack was built (a norm's multiplier is a copy the
+    stack holds, the rest it reads where they lie) give the logits of the per-layer path."""
+    path = tiny_checkpoint("qwen3_next")
+    ft = load_model(path)
+    ids = prompt_ids(path, 40)
+    _decode_run(ft, ids, paged_decode=True, stack=True)  # builds the stack
+    with torch.no_grad():
+        ft.norm.weight.mul_(1.5)
+        ft.layers[1].post_norm.weight.add_(0.25)
+        ft.layers[2].mlp.router.mul_(-1.0)
+    stacked, _ = _decode_run(ft, ids, paged_decode=True, stack=True)
+    per_layer, _ = _decode_run(ft, ids, paged_decode=True, stack=False)
+    scale = per_layer.abs().max().item()
+    assert (stacked - per_layer).abs().max().item() <= REL_TOL * scale
