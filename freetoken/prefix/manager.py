@@ -207,10 +207,31 @@ class PrefixCache:
             # tokenises differently once the reply follows it, and an identical prompt needs
             # its last token's logits recomputed
             positions.add(len(prompt) - 1)
+            # and before the generation prompt's thinking opener (``<|im_start|>assistant\n``
+            # then ``<think>``): the next turn renders the recorded reply right after the role
+            # header, so a resent conversation matches up to that marker
+            opener = self._generation_thinking_start(prompt, marks)
+            if opener is not None:
+                positions.add(opener)
         if self.config.checkpoint_interval:
             positions.update(range(self.config.checkpoint_interval, len(prompt),
                                    self.config.checkpoint_interval))
         return sorted(p for p in positions if p > start)
+
+    @staticmethod
+    def _generation_thinking_start(prompt: Sequence[int], marks: AnchorMarkers) -> int | None:
+        """Index of a thinking-start marker after the prompt's last turn-start marker (the
+        generation prompt), or None."""
+        think, turn = marks.ids_of(AnchorKind.THINKING_START), marks.ids_of(AnchorKind.TURN_START)
+        if not think or not turn:
+            return None
+        for i in range(len(prompt) - 1, 0, -1):
+            token = int(prompt[i])
+            if token in think:
+                return i
+            if token in turn:
+                return None
+        return None
 
     def boundaries_in(self, key: int, start: int, stop: int) -> tuple[int, ...]:
         """Checkpoint positions ``p`` of request ``key`` with ``start < p <= stop`` (each is

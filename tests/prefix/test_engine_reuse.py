@@ -197,3 +197,23 @@ def test_a_request_can_bring_its_own_anchor_policy() -> None:
     saves = engine.prefix.store.stats()["saves"]
     serve(engine, render(ARCH, _sub_agents()[1])[1], key=2, anchors=AnchorPolicy.none())
     assert engine.prefix.store.stats()["saves"] == saves  # no anchors, no generation end
+
+
+def test_recorded_reply_reuses_up_to_the_generation_thinking_opener() -> None:
+    """Default anchors: the next call renders the recorded reply (not the sampled one) right
+    after the ``<|im_start|>assistant\\n`` header where the first prompt had ``<think>``; the
+    checkpoint before that opener is restored, so only the reply and what follows recompute."""
+    first = [{"role": "system", "content": "You are a coding agent."},
+             {"role": "user", "content": "Fix the failing test in utils.py."}]
+    second = first + [{"role": "assistant", "content": "I fixed the split."},
+                      {"role": "user", "content": "Thanks. Commit it."}]
+    _, p1 = render(ARCH, first)
+    _, p2 = render(ARCH, second)
+    lcp = next(i for i, (a, b) in enumerate(zip(p1, p2)) if a != b)
+    # independent of the anchors: the prompts part at the generation prompt's opener
+    assert p1[lcp] == _encode("<think>")[0] and p1[lcp:] == tuple(_encode("<think>\n"))
+    engine = make_engine(ARCH)
+    serve(engine, p1, key=0, max_tokens=3)
+    warm = serve(engine, p2, key=1)
+    assert warm[-1].cached_tokens == lcp
+    assert ids(warm) == ids(serve(make_engine(ARCH), p2, key=0))
