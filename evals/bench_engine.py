@@ -32,6 +32,7 @@ small-qwen3_next``, llama.cpp arch ``qwen3next``). Run: ``python -m evals.bench_
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -158,18 +159,26 @@ def measure(url: str, args: argparse.Namespace, vocab: int) -> dict:
     return out
 
 
-def run_engine(cmd: list[str], url: str, args: argparse.Namespace, vocab: int,
-               env: dict | None = None) -> dict:
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, env=env)
+@contextlib.contextmanager
+def serving(cmd: list[str], url: str, env: dict | None = None, log=subprocess.DEVNULL):
+    """Run the server ``cmd`` until the block ends, entering once ``url`` answers /health;
+    its output goes to ``log`` (a file object, or discarded)."""
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     try:
         wait_ready(url, proc)
-        return measure(url, args, vocab)
+        yield proc
     finally:
         proc.terminate()
         try:
             proc.wait(30)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+def run_engine(cmd: list[str], url: str, args: argparse.Namespace, vocab: int,
+               env: dict | None = None) -> dict:
+    with serving(cmd, url, env):
+        return measure(url, args, vocab)
 
 
 def model_step_ms(model_dir: Path, prompt: int, steps: int) -> float:

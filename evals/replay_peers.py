@@ -23,7 +23,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from evals.bench_engine import bench_gguf, llamacpp_tools, wait_ready
+from evals.bench_engine import bench_gguf, llamacpp_tools, serving
 
 REPO = Path(__file__).resolve().parent.parent
 WORKLOADS = ("W1", "W2", "W3", "W4")
@@ -60,22 +60,12 @@ def summary(run: Path) -> dict:
 
 def _replay(workload: str, cmd: list[str], url: str, out: Path, label: str,
             args: argparse.Namespace, env: dict | None = None) -> dict:
-    log = open(out / f"{label}-{workload}-server.log", "w")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-    try:
-        wait_ready(url, proc)
+    with open(out / f"{label}-{workload}-server.log", "w") as log, serving(cmd, url, env, log):
         extra = ["--protocol", "openai"] if label == "llama-server" else []
         subprocess.run([sys.executable, str(REPO / "evals" / "run.py"), "--workload", workload,
                         "--endpoint", url, "--limit-turns", str(args.limit_turns), "--label",
                         label, "--no-progress", "--out", str(out / f"{workload}-{label}"),
                         *extra], check=False)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
     return summary(out / f"{workload}-{label}")
 
 
