@@ -47,6 +47,23 @@ struct Task {
 
 }  // namespace
 
+void check_kv_slots(const char* op, int64_t batch, const int64_t* kv_slots,
+                    const int64_t* kv_offsets, int64_t num_slots) {
+  for (int64_t b = 0; b < batch; ++b) {
+    if (kv_offsets[b + 1] <= kv_offsets[b]) {
+      throw std::invalid_argument(std::string(op) + ": sequence " + std::to_string(b) +
+                                  " has no slot for its new token");
+    }
+  }
+  for (int64_t i = kv_offsets[0]; i < kv_offsets[batch]; ++i) {
+    const int64_t s = kv_slots[i];
+    if (s < 0 || s >= num_slots) {
+      throw std::invalid_argument(std::string(op) + ": KV slot " + std::to_string(s) +
+                                  " outside the pool's " + std::to_string(num_slots));
+    }
+  }
+}
+
 void attention_decode(const DecodeAttentionProblem& p, ThreadPool& pool) {
   const int64_t B = p.batch, nh = p.num_heads, nkv = p.num_kv_heads, hd = p.head_dim;
   if (B <= 0) return;
@@ -55,20 +72,7 @@ void attention_decode(const DecodeAttentionProblem& p, ThreadPool& pool) {
   }
   const int64_t nq = nh * hd, q_rows = nq * (p.gated ? 2 : 1), kv_rows = nkv * hd;
   const int64_t rows = q_rows + 2 * kv_rows, group = nh / nkv, half = p.rotary_half;
-  for (int64_t b = 0; b < B; ++b) {
-    if (p.kv_offsets[b + 1] <= p.kv_offsets[b]) {
-      throw std::invalid_argument("attention_decode: sequence " + std::to_string(b) +
-                                  " has no slot for its new token");
-    }
-  }
-  const int64_t total = p.kv_offsets[B] - p.kv_offsets[0];
-  for (int64_t i = 0; i < total; ++i) {
-    const int64_t s = p.kv_slots[p.kv_offsets[0] + i];
-    if (s < 0 || s >= p.num_slots) {
-      throw std::invalid_argument("attention_decode: KV slot " + std::to_string(s) +
-                                  " outside the pool's " + std::to_string(p.num_slots));
-    }
-  }
+  check_kv_slots("attention_decode", B, p.kv_slots, p.kv_offsets, p.num_slots);
   const bool residual = p.input_norm != nullptr;
   NormedRows normed;
   if (residual) normed = rms_norm_rows(p.x, p.bf16, B, p.hidden, p.input_norm, p.input_eps);

@@ -25,20 +25,7 @@ void check_step(const DecodeStack& s, const DecodeStackStep& st) {
   }
   bool attention = false;
   for (const auto& layer : s.layers) attention = attention || layer.attention;
-  if (!attention) return;
-  for (int64_t b = 0; b < B; ++b) {
-    if (st.kv_offsets[b + 1] <= st.kv_offsets[b]) {
-      throw std::invalid_argument("decode_stack: sequence " + std::to_string(b) +
-                                  " has no slot for its new token");
-    }
-  }
-  for (int64_t i = st.kv_offsets[0]; i < st.kv_offsets[B]; ++i) {
-    const int64_t slot = st.kv_slots[i];
-    if (slot < 0 || slot >= st.num_slots) {
-      throw std::invalid_argument("decode_stack: KV slot " + std::to_string(slot) +
-                                  " outside the pool's " + std::to_string(st.num_slots));
-    }
-  }
+  if (attention) check_kv_slots("decode_stack", B, st.kv_slots, st.kv_offsets, st.num_slots);
 }
 
 }  // namespace

@@ -14,8 +14,7 @@ import torch
 from freetoken.models.attention import Attention
 from freetoken.models.gated_deltanet import GatedDeltaNet
 from freetoken.models.moe import SparseMoE
-from freetoken.models.moe_forward import ExpertWeights
-from freetoken.models.paged import PagedDecodeBatch, PagedKV
+from freetoken.models.paged import PagedDecodeBatch
 from freetoken.models.state import HybridState
 from freetoken.ops.decode_stack import AttentionLayer, DecodeStack, GdnLayer, MoeLayer
 from freetoken.ops.linear import KERNEL_MAX_ROWS, cpu_kernel_fits
@@ -59,7 +58,6 @@ def build_decode_stack(model) -> DecodeStack | None:
         layers.append((_mixer_spec(mixer, layer.input_norm, pool_layer),
                        _moe_spec(mlp, layer.post_norm)))
         pool_layer += isinstance(mixer, Attention)
-    assert all(isinstance(m.experts, ExpertWeights) for m in model.moe_blocks())
     return DecodeStack(model.embed, model.norm.scale(), model.norm.eps, model.lm_head, layers)
 
 
@@ -67,7 +65,7 @@ def run_decode_stack(model, stack: DecodeStack, ids: torch.Tensor,
                      states: list[HybridState]) -> torch.Tensor | None:
     """One decode step of ``B = len(states)`` sequences (``ids [B]`` int64, their new tokens)
     through ``stack``; None, with nothing changed, when the step does not fit it (more than
-    ``KERNEL_MAX_ROWS`` sequences, or attention states not all :class:`PagedKV` in one pool).
+    ``KERNEL_MAX_ROWS`` sequences, or attention states not all ``PagedKV`` of one pool).
 
     Returns:
         ``[B, V]`` fp32 logits; each state's KV lengths and ``num_tokens`` grow by one and every
@@ -80,10 +78,9 @@ def run_decode_stack(model, stack: DecodeStack, ids: torch.Tensor,
     cos = sin = kv_slots = kv_offsets = _EMPTY
     if attn:
         first = [s.layers[attn[0]] for s in states]
-        if not all(isinstance(kv, PagedKV) and kv.pool is first[0].pool for kv in first):
+        batch = PagedDecodeBatch.of_layer(first, [s.num_tokens for s in states], model.rotary)
+        if batch is None:
             return None
-        batch = PagedDecodeBatch.build([kv.table for kv in first],
-                                       [s.num_tokens for s in states], model.rotary)
         cos, sin, kv_slots, kv_offsets = batch.cos, batch.sin, batch.kv_slots, batch.kv_offsets
         pool_k, pool_v = first[0].pool.k, first[0].pool.v
     gdn = stack.gdn_layers

@@ -456,11 +456,8 @@ class DecoderLM(CausalLM):
         attn = self._attention_layers()
         if not attn or not self.layers[attn[0]].mixer.paged_decode_fits(h):
             return None
-        first = [s.layers[attn[0]] for s in states]
-        if not all(isinstance(kv, PagedKV) and kv.pool is first[0].pool for kv in first):
-            return None
-        return PagedDecodeBatch.build([kv.table for kv in first],
-                                      [s.num_tokens for s in states], self.rotary)
+        return PagedDecodeBatch.of_layer([s.layers[attn[0]] for s in states],
+                                         [s.num_tokens for s in states], self.rotary)
 
     def _forward_batch(self, inputs: list[torch.Tensor], states: list[HybridState],
                        capture=None) -> torch.Tensor:

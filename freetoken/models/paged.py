@@ -176,6 +176,14 @@ class PagedDecodeBatch:
     sin: torch.Tensor
 
     @classmethod
+    def of_layer(cls, caches: list, positions: list[int], rotary) -> "PagedDecodeBatch | None":
+        """:meth:`build` from one attention layer's cache of each sequence, or None unless every
+        one is a :class:`PagedKV` of the same pool (whose ``k`` / ``v`` the step then uses)."""
+        if not all(isinstance(kv, PagedKV) and kv.pool is caches[0].pool for kv in caches):
+            return None
+        return cls.build([kv.table for kv in caches], positions, rotary)
+
+    @classmethod
     def build(cls, tables: list[SlotTable], positions: list[int], rotary) -> "PagedDecodeBatch":
         """Metadata for sequences whose new tokens sit at ``positions`` (their tables hold at
         least ``position + 1`` slots); ``rotary``: the model's ``RotaryTable``."""

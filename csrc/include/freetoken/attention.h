@@ -53,6 +53,11 @@ struct DecodeAttentionProblem {
 // std::invalid_argument for a slot outside the pool or an empty sequence.
 void attention_decode(const DecodeAttentionProblem& p, ThreadPool& pool);
 
+// Throws std::invalid_argument ("<op>: ...") unless each of the batch sequences owns at least
+// one slot in kv_slots[kv_offsets[b], kv_offsets[b+1]) and every slot lies in [0, num_slots).
+void check_kv_slots(const char* op, int64_t batch, const int64_t* kv_slots,
+                    const int64_t* kv_offsets, int64_t num_slots);
+
 constexpr int64_t kAttendChunk = 256;
 
 // One (sequence, kv head, chunk of positions) of the attention core: for the `group` query
