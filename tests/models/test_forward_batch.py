@@ -33,6 +33,7 @@ def model(arch, tiny_checkpoint):
 def paged_states(ft, n: int, slots_each: int = 48):
     """``n`` paged states over one pool, each with its own table of ``slots_each`` slots."""
     pool = KVPagePool(ft.kv_layout(), num_pages=n * slots_each // 4, page_size=4)
+    pool.k.zero_(), pool.v.zero_()  # storage starts uninitialised (NaN bits never compare equal)
     states = []
     for _ in range(n):
         pages = pool.alloc_pages(slots_each // 4)[::-1]  # pages in descending order
