@@ -41,9 +41,15 @@ const DecodeKernels<AttendArgs>& attend_kernels() {
 
 namespace {
 
+// Positions [begin, end) of a sequence's slots for kv heads [kv_head, kv_head + kv_heads);
+// its per-query-head partials start at row `out` of m / l / acc.
 struct Task {
-  int64_t seq, kv_head, begin, end;  // positions [begin, end) of the sequence's slots
+  int64_t seq, kv_head, kv_heads, begin, end, out;
 };
+
+// A sequence of at least this many chunks runs all kv heads in each task (whole pool rows, one
+// stream); shorter ones one kv head per task, so a short context still spreads over the pool.
+constexpr int64_t kWholeRowChunks = 4;
 
 }  // namespace
 
@@ -103,24 +109,28 @@ void attention_decode(const DecodeAttentionProblem& p, ThreadPool& pool) {
   }
 
   std::vector<Task> tasks;
+  int64_t rows_out = 0;
   for (int64_t b = 0; b < B; ++b) {
     const int64_t n = p.kv_offsets[b + 1] - p.kv_offsets[b];
-    for (int64_t h = 0; h < nkv; ++h) {
+    const int64_t span = (n + kAttendChunk - 1) / kAttendChunk >= kWholeRowChunks ? nkv : 1;
+    for (int64_t h = 0; h < nkv; h += span) {
       for (int64_t c = 0; c < n; c += kAttendChunk) {
-        tasks.push_back({b, h, c, std::min(n, c + kAttendChunk)});
+        tasks.push_back({b, h, span, c, std::min(n, c + kAttendChunk), rows_out});
+        rows_out += span * group;
       }
     }
   }
   const int64_t num_tasks = static_cast<int64_t>(tasks.size());
-  std::vector<float> m(num_tasks * group), l(num_tasks * group), acc(num_tasks * group * hd);
+  std::vector<float> m(rows_out), l(rows_out), acc(rows_out * hd);
   const auto attend = attend_kernels().use(p.isa);
   pool.parallel_for(num_tasks, [&](int64_t t) {
     thread_local std::vector<float> scratch;
-    scratch.resize(group * kAttendChunk + hd);
     const Task& task = tasks[t];
+    scratch.resize(task.kv_heads * group * kAttendChunk);
     AttendArgs a;
     a.q = q.data() + task.seq * nq + task.kv_head * group * hd;
     a.group = group;
+    a.kv_heads = task.kv_heads;
     a.head_dim = hd;
     const int64_t head = task.kv_head * hd;
     a.k = p.bf16 ? static_cast<const void*>(static_cast<const uint16_t*>(p.pool_k) + head)
@@ -133,14 +143,14 @@ void attention_decode(const DecodeAttentionProblem& p, ThreadPool& pool) {
     a.n = task.end - task.begin;
     a.scale = p.scale;
     a.scores = scratch.data();
-    a.row = scratch.data() + group * kAttendChunk;
-    a.m = m.data() + t * group;
-    a.l = l.data() + t * group;
-    a.acc = acc.data() + t * group * hd;
+    a.m = m.data() + task.out;
+    a.l = l.data() + task.out;
+    a.acc = acc.data() + task.out * hd;
     attend(a);
   });
 
-  // Merge the chunks of each (sequence, kv head) in chunk order: rescale to the overall maximum.
+  // Merge the chunks of each (sequence, query head) in chunk order: rescale to the overall
+  // maximum. The tasks of one (sequence, kv head run) are consecutive, in chunk order.
   std::vector<float> attn(B * nq);
   for (int64_t t0 = 0; t0 < num_tasks;) {
     int64_t t1 = t0;
@@ -148,16 +158,17 @@ void attention_decode(const DecodeAttentionProblem& p, ThreadPool& pool) {
            tasks[t1].kv_head == tasks[t0].kv_head) {
       ++t1;
     }
-    for (int64_t h = 0; h < group; ++h) {
-      float mx = m[t0 * group + h];
-      for (int64_t t = t0 + 1; t < t1; ++t) mx = std::max(mx, m[t * group + h]);
+    for (int64_t h = 0; h < tasks[t0].kv_heads * group; ++h) {
+      float mx = m[tasks[t0].out + h];
+      for (int64_t t = t0 + 1; t < t1; ++t) mx = std::max(mx, m[tasks[t].out + h]);
       float* dst = attn.data() + tasks[t0].seq * nq + (tasks[t0].kv_head * group + h) * hd;
       float denom = 0.0f;
       std::fill(dst, dst + hd, 0.0f);
       for (int64_t t = t0; t < t1; ++t) {
-        const float w = t1 - t0 == 1 ? 1.0f : std::exp(m[t * group + h] - mx);
-        denom += w * l[t * group + h];
-        const float* src = acc.data() + (t * group + h) * hd;
+        const int64_t r = tasks[t].out + h;
+        const float w = t1 - t0 == 1 ? 1.0f : std::exp(m[r] - mx);
+        denom += w * l[r];
+        const float* src = acc.data() + r * hd;
         for (int64_t j = 0; j < hd; ++j) dst[j] += w * src[j];
       }
       const float inv = 1.0f / denom;

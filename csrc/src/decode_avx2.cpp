@@ -32,6 +32,9 @@ struct V16 {
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     return _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)));
   }
+  static void fold16(const V16* rows, float* out) {
+    for (int r = 0; r < 16; ++r) out[r] = fold(rows[r]);
+  }
 };
 
 }  // namespace

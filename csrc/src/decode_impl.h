@@ -2,15 +2,18 @@
 // ISA variant defines with its own intrinsics (decode_<isa>.cpp): the attention core of one
 // chunk (freetoken/attention.h AttendArgs) and one gated delta-rule step (freetoken/gdn.h).
 // V::zero(), V::broadcast(float), V::load(const float*), V::load_bf16(const uint16_t*) (exact
-// widening), V::fma(a, b, acc) = acc + a * b, V::store(float*, v) and V::fold(v), which sums the
-// lanes pairwise as (l, l + 8), then (l, l + 4), (l, l + 2), (l, l + 1). Every variant adds
+// widening), V::fma(a, b, acc) = acc + a * b, V::store(float*, v), V::fold(v), which sums the
+// lanes pairwise as (l, l + 8), then (l, l + 4), (l, l + 2), (l, l + 1), and
+// V::fold16(const V* rows, float* out), out[r] = fold(rows[r]) for 16 rows. Every variant adds
 // in the same order; only the rounding of a fused multiply-add differs (the scalar variant
 // multiplies and adds separately).
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "freetoken/attention.h"
 #include "freetoken/gdn.h"
@@ -65,26 +68,107 @@ inline float exp_nonpositive(float x) {
   return e * scale;
 }
 
+// The scores of one position for a tile of T query heads: K row loaded once, T accumulators.
+template <class V, int T>
+inline void dot_heads(const float* q, int64_t hd, int64_t full, const void* k, bool bf16,
+                      int64_t at, V* out, int64_t out_stride) {
+  V acc[T];
+  for (int t = 0; t < T; ++t) acc[t] = V::zero();
+  for (int64_t j = 0; j < full; j += kLanes) {
+    const V kv = load_row<V>(k, bf16, at + j);
+    for (int t = 0; t < T; ++t) acc[t] = V::fma(V::load(q + t * hd + j), kv, acc[t]);
+  }
+  for (int t = 0; t < T; ++t) out[t * out_stride] = acc[t];
+}
+
+// acc rows [h0, h0 + T), dims [j0, j0 + D * kLanes) = sum over the chunk of the exp scores
+// times the V rows of kv head c, in position order (per element, the order of one position at a
+// time). prefetch: the first pass over the chunk pulls whole rows ahead.
+template <class V, int T, int D>
+inline void accumulate_tile(const AttendArgs& a, int64_t c, int64_t h0, int64_t j0,
+                            bool prefetch) {
+  const int64_t n = a.n, hd = a.head_dim;
+  V acc[T][D];
+  for (int t = 0; t < T; ++t) {
+    for (int d = 0; d < D; ++d) acc[t][d] = V::zero();
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    if (prefetch && i + kPrefetchAhead < n) {
+      prefetch_row(a.v, a.bf16, a.slots[i + kPrefetchAhead] * a.slot_stride, a.kv_heads * hd);
+    }
+    const int64_t at = a.slots[i] * a.slot_stride + c * hd + j0;
+    V v[D];
+    for (int d = 0; d < D; ++d) v[d] = load_row<V>(a.v, a.bf16, at + d * kLanes);
+    for (int t = 0; t < T; ++t) {
+      const V s = V::broadcast(a.scores[(h0 + t) * n + i]);
+      for (int d = 0; d < D; ++d) acc[t][d] = V::fma(s, v[d], acc[t][d]);
+    }
+  }
+  for (int t = 0; t < T; ++t) {
+    for (int d = 0; d < D; ++d) V::store(a.acc + (h0 + t) * hd + j0 + d * kLanes, acc[t][d]);
+  }
+}
+
+constexpr int kHeadTile = 4;  // query heads sharing one K/V row load
+constexpr int kDimTile = 4;   // vectors of a V row per accumulation pass (16 accumulators)
+
+// scores [heads, n] = scale * q.k for every query head of the task over the chunk, one pass over
+// whole pool rows: blocks of kLanes positions, each (head, position) accumulator kept in parts
+// [heads, kLanes] and folded a block at a time.
+template <class V>
+void score_chunk(const AttendArgs& a, V* parts) {
+  const int64_t g = a.group, hd = a.head_dim, n = a.n, full = hd / kLanes * kLanes;
+  const int64_t heads = a.kv_heads * g;
+  float folded[kLanes];
+  for (int64_t i0 = 0; i0 < n; i0 += kLanes) {
+    const int64_t count = std::min<int64_t>(kLanes, n - i0);
+    for (int64_t p = 0; p < count; ++p) {
+      const int64_t i = i0 + p;
+      if (i + kPrefetchAhead < n) {
+        prefetch_row(a.k, a.bf16, a.slots[i + kPrefetchAhead] * a.slot_stride, a.kv_heads * hd);
+      }
+      const int64_t row = a.slots[i] * a.slot_stride;
+      for (int64_t c = 0; c < a.kv_heads; ++c) {
+        for (int64_t h = c * g; h < (c + 1) * g;) {
+          const float* q = a.q + h * hd;
+          if ((c + 1) * g - h >= kHeadTile) {
+            dot_heads<V, kHeadTile>(q, hd, full, a.k, a.bf16, row + c * hd, parts + h * kLanes + p,
+                                    kLanes);
+            h += kHeadTile;
+          } else {
+            dot_heads<V, 1>(q, hd, full, a.k, a.bf16, row + c * hd, parts + h * kLanes + p, 0);
+            h += 1;
+          }
+        }
+      }
+    }
+    for (int64_t h = 0; h < heads; ++h) {
+      const V* rows = parts + h * kLanes;
+      if (count == kLanes) {
+        V::fold16(rows, folded);
+      } else {
+        for (int64_t p = 0; p < count; ++p) folded[p] = V::fold(rows[p]);
+      }
+      const float* q = a.q + h * hd;
+      const int64_t c = h / g;
+      for (int64_t p = 0; p < count; ++p) {
+        float s = folded[p];
+        const int64_t at = a.slots[i0 + p] * a.slot_stride + c * hd;
+        for (int64_t j = full; j < hd; ++j) s += q[j] * scalar_at(a.k, a.bf16, at + j);
+        a.scores[h * n + i0 + p] = s * a.scale;
+      }
+    }
+  }
+}
+
 template <class V>
 void attend_chunk_impl(const AttendArgs& a) {
   const int64_t g = a.group, hd = a.head_dim, n = a.n, full = hd / kLanes * kLanes;
-  for (int64_t i = 0; i < n; ++i) {
-    if (i + kPrefetchAhead < n) {
-      prefetch_row(a.k, a.bf16, a.slots[i + kPrefetchAhead] * a.slot_stride, hd);
-    }
-    const int64_t at = a.slots[i] * a.slot_stride;
-    for (int64_t h = 0; h < g; ++h) {
-      const float* q = a.q + h * hd;
-      V acc = V::zero();
-      for (int64_t j = 0; j < full; j += kLanes) {
-        acc = V::fma(V::load(q + j), load_row<V>(a.k, a.bf16, at + j), acc);
-      }
-      float s = V::fold(acc);
-      for (int64_t j = full; j < hd; ++j) s += q[j] * scalar_at(a.k, a.bf16, at + j);
-      a.scores[h * n + i] = s * a.scale;
-    }
-  }
-  for (int64_t h = 0; h < g; ++h) {
+  const int64_t heads = a.kv_heads * g;
+  thread_local std::vector<V> parts;
+  if (static_cast<int64_t>(parts.size()) < heads * kLanes) parts.resize(heads * kLanes);
+  score_chunk<V>(a, parts.data());
+  for (int64_t h = 0; h < heads; ++h) {
     float* s = a.scores + h * n;
     float m = s[0];
     for (int64_t i = 1; i < n; ++i) m = s[i] > m ? s[i] : m;
@@ -102,22 +186,32 @@ void attend_chunk_impl(const AttendArgs& a) {
     a.m[h] = m;
     a.l[h] = l;
   }
-  std::memset(a.acc, 0, sizeof(float) * g * hd);
-  for (int64_t i = 0; i < n; ++i) {
-    if (i + kPrefetchAhead < n) {
-      prefetch_row(a.v, a.bf16, a.slots[i + kPrefetchAhead] * a.slot_stride, hd);
-    }
-    const int64_t at = a.slots[i] * a.slot_stride;
-    for (int64_t j = 0; j < full; j += kLanes) {
-      const V v = load_row<V>(a.v, a.bf16, at + j);
-      for (int64_t h = 0; h < g; ++h) {
-        float* acc = a.acc + h * hd + j;
-        V::store(acc, V::fma(V::broadcast(a.scores[h * n + i]), v, V::load(acc)));
+  for (int64_t c = 0; c < a.kv_heads; ++c) {
+    for (int64_t j0 = 0; j0 < full; j0 += kDimTile * kLanes) {
+      const bool wide = j0 + kDimTile * kLanes <= full;
+      for (int64_t h0 = c * g; h0 < (c + 1) * g; h0 += kHeadTile) {
+        const bool first = c == 0 && j0 == 0 && h0 == 0;
+        if ((c + 1) * g - h0 >= kHeadTile && wide) {
+          accumulate_tile<V, kHeadTile, kDimTile>(a, c, h0, j0, first);
+          continue;
+        }
+        const int64_t tile = std::min<int64_t>(kHeadTile, (c + 1) * g - h0);
+        for (int64_t t = 0; t < tile; ++t) {
+          for (int64_t j = j0; j < std::min(full, j0 + kDimTile * kLanes); j += kLanes) {
+            accumulate_tile<V, 1, 1>(a, c, h0 + t, j, first && t == 0 && j == j0);
+          }
+        }
       }
     }
     for (int64_t j = full; j < hd; ++j) {
-      const float v = scalar_at(a.v, a.bf16, at + j);
-      for (int64_t h = 0; h < g; ++h) a.acc[h * hd + j] += a.scores[h * n + i] * v;
+      for (int64_t h = c * g; h < (c + 1) * g; ++h) {
+        float acc = 0.0f;
+        for (int64_t i = 0; i < n; ++i) {
+          const int64_t at = a.slots[i] * a.slot_stride + c * hd + j;
+          acc += a.scores[h * n + i] * scalar_at(a.v, a.bf16, at);
+        }
+        a.acc[h * hd + j] = acc;
+      }
     }
   }
 }

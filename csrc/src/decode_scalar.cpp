@@ -38,6 +38,9 @@ struct V16 {
     }
     return x.v[0];
   }
+  static void fold16(const V16* rows, float* out) {
+    for (int r = 0; r < 16; ++r) out[r] = fold(rows[r]);
+  }
 };
 
 }  // namespace

@@ -20,6 +20,8 @@ SHAPES = [
     (1024, 8, 2, 128, 32, True, (1, 300, 700)),     # qwen3_next: gated, partial rotary, >1 chunk
     (72, 3, 1, 40, 10, True, (5, 257)),             # odd sizes, a head_dim with a vector tail
     (256, 4, 4, 64, 64, False, (256, 513, 2)),      # MHA, lengths at chunk boundaries
+    (1024, 8, 2, 128, 32, True, (1100, 5)),         # >= 4 chunks: whole-row tasks over 2 kv heads
+    (72, 6, 2, 40, 10, True, (1030, 17)),           # whole rows, 3 heads per kv head, a dim tail
 ]
 
 

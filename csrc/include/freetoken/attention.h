@@ -60,16 +60,21 @@ void check_kv_slots(const char* op, int64_t batch, const int64_t* kv_slots,
 
 constexpr int64_t kAttendChunk = 256;
 
-// One (sequence, kv head, chunk of positions) of the attention core: for the `group` query
-// heads q [group, hd] (fp32) against the n K/V rows at base + slots[i] * slot_stride, writes the
-// chunk's row maxima m [group] of scale * q.k, l [group] = sum exp(s - m) and the unnormalised
-// acc [group, hd] = sum exp(s - m) * v. Dot products sum in 16 interleaved lanes (then a fixed
-// pairwise tree), the same order on every variant. scores: scratch [group, n]; row: scratch [hd].
+// One (sequence, run of kv heads, chunk of positions) of the attention core: for each of the
+// kv_heads kv heads and its `group` query heads q [kv_heads * group, hd] (fp32, head h of kv
+// head c at row c * group + h) against the n K/V rows at base + slots[i] * slot_stride
+// (+ c * head_dim), writes per query head the chunk's row maximum m of scale * q.k,
+// l = sum exp(s - m) and the unnormalised acc [hd] = sum exp(s - m) * v ([kv_heads * group]
+// rows each). A task over several kv heads reads whole pool rows, one stream. Dot products sum
+// in 16 interleaved lanes (then a fixed pairwise tree), the same order on every variant; a head's
+// result does not depend on how many kv heads share its task. scores: scratch [kv_heads *
+// group, n].
 struct AttendArgs {
   const float* q = nullptr;
   int64_t group = 0;
+  int64_t kv_heads = 1;
   int64_t head_dim = 0;
-  const void* k = nullptr;  // pool base already offset to this kv head
+  const void* k = nullptr;  // pool base already offset to the first kv head
   const void* v = nullptr;
   bool bf16 = false;
   int64_t slot_stride = 0;  // elements from one slot's row to the next (nkv * hd)
@@ -77,7 +82,6 @@ struct AttendArgs {
   int64_t n = 0;
   float scale = 1.0f;
   float* scores = nullptr;
-  float* row = nullptr;
   float* m = nullptr;
   float* l = nullptr;
   float* acc = nullptr;
