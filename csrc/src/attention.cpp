@@ -1,7 +1,8 @@
 // Decode attention over a paged KV pool (freetoken/attention.h), compiled without ISA flags: the
 // two projections run the rows_dot kernels through linear_forward, the per-head norms and RoPE
 // run on the calling thread (a few thousand values), and the attention core runs one task per
-// (sequence, kv head, chunk of kAttendChunk positions) on the pool in its ISA variant.
+// (sequence, kv head - or all kv heads of a long sequence -, chunk of kAttendChunk positions) on
+// the pool in its ISA variant.
 #include "freetoken/attention.h"
 
 #include <algorithm>
