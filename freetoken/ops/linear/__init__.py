@@ -40,11 +40,13 @@ def kernel_linear(x: torch.Tensor, w: torch.Tensor, *, isa: str | None = None) -
     return _ext.linear(x, w, isa=isa)
 
 
-def cpu_kernel_fits(x: torch.Tensor, *weights: torch.Tensor) -> bool:
+def cpu_kernel_fits(x: torch.Tensor, *weights: torch.Tensor,
+                    max_rows: int = KERNEL_MAX_ROWS) -> bool:
     """Whether the C++ kernels take this decode-size work: ``x [T, ...]`` with
-    ``T <= KERNEL_MAX_ROWS`` and contiguous ``weights``, all on the CPU and all fp32 or all bf16
-    (the rule :func:`linear` and the resident-expert path ``grouped_swiglu`` share)."""
-    return (x.device.type == "cpu" and x.shape[0] <= KERNEL_MAX_ROWS
+    ``T <= max_rows`` (default ``KERNEL_MAX_ROWS``) and contiguous ``weights``, all on the CPU
+    and all fp32 or all bf16 (the rule :func:`linear` and the resident-expert path
+    ``grouped_swiglu`` share)."""
+    return (x.device.type == "cpu" and x.shape[0] <= max_rows
             and x.dtype in _KERNEL_DTYPES
             and all(w.device.type == "cpu" and w.dtype == x.dtype and w.is_contiguous()
                     for w in weights))
