@@ -152,7 +152,9 @@ def _cache_spec(text: str) -> str:
 
 def _add_make_tiny(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("make-tiny", help="write a seeded-random checkpoint in the HF layout")
-    p.add_argument("--arch", choices=["qwen3_moe", "qwen3_next"], required=True)
+    from freetoken.models.tiny_presets import ARCHES
+
+    p.add_argument("--arch", choices=list(ARCHES), required=True)
     p.add_argument("--preset", choices=["tiny", "small"], default="tiny")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("out_dir", type=Path)

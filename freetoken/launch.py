@@ -87,8 +87,8 @@ def _interrupt(signum, frame) -> None:
 
 def checkpoint_compute_dtype(path: Path) -> str:
     """``--dtype auto``: ``"bfloat16"`` when the checkpoint's ``config.json`` says it is stored in
-    bf16 or fp16 (``torch_dtype`` / ``dtype``; fp16 computes in bf16, which has its range), else
-    ``"float32"``.
+    bf16 or fp16 (``torch_dtype`` / ``dtype``, at the top level or, for a multimodal release, in
+    ``text_config``; fp16 computes in bf16, which has its range), else ``"float32"``.
 
     Raises:
         FileNotFoundError: no ``config.json``. ValueError: it is not valid JSON.
@@ -99,7 +99,10 @@ def checkpoint_compute_dtype(path: Path) -> str:
         config = json.loads((path / "config.json").read_text())
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path / 'config.json'} is not valid JSON: {exc}") from exc
-    stored = config.get("torch_dtype") or config.get("dtype")
+    text = config.get("text_config")
+    text = text if isinstance(text, dict) else {}
+    stored = (config.get("torch_dtype") or config.get("dtype") or text.get("torch_dtype")
+              or text.get("dtype"))
     return "bfloat16" if stored in ("bfloat16", "float16") else "float32"
 
 

@@ -1,9 +1,10 @@
 """The engine's flat, validated view of a Hugging Face ``config.json``.
 
-Follows the key tables of model-architectures.md §1.2 (Qwen3-Next) and §3 (Qwen3-MoE) and the
-transformers config classes ``Qwen3NextConfig`` / ``Qwen3MoeConfig`` (v5): the same defaults are
-used where a key may legitimately be absent (``head_dim``, ``attention_bias``, ``mlp_only_layers``,
-...), every key that shapes the network is required.
+Follows the key tables of model-architectures.md §1.2 (Qwen3-Next), §1.3 (Qwen3.5-MoE) and §3
+(Qwen3-MoE) and the transformers config classes ``Qwen3NextConfig`` / ``Qwen3_5MoeTextConfig`` /
+``Qwen3MoeConfig`` (v5): the same defaults are used where a key may legitimately be absent
+(``head_dim``, ``attention_bias``, ``mlp_only_layers``, ...), every key that shapes the network is
+required. A multimodal release (Qwen3.5) is read from its ``text_config``.
 """
 
 from __future__ import annotations
@@ -16,7 +17,12 @@ from pathlib import Path
 SUPPORTED_ARCHITECTURES: dict[str, str] = {
     "Qwen3MoeForCausalLM": "qwen3_moe",
     "Qwen3NextForCausalLM": "qwen3_next",
+    "Qwen3_5MoeForConditionalGeneration": "qwen3_5_moe",
+    "Qwen3_5MoeForCausalLM": "qwen3_5_moe_text",
 }
+# config.json model_type -> the engine family (chat template, model class).
+FAMILY_OF_MODEL_TYPE = {"qwen3_5_moe_text": "qwen3_5_moe"}
+HYBRID_FAMILIES = ("qwen3_next", "qwen3_5_moe")
 _LEGACY_LAYER_TYPES = {"attention": "full_attention", "mamba": "linear_attention"}
 _GDN_KEYS = (
     "linear_conv_kernel_dim",
@@ -81,7 +87,8 @@ class ModelConfig:
 
     Attributes:
         arch: ``architectures[0]`` (e.g. ``"Qwen3NextForCausalLM"``).
-        model_type: ``"qwen3_moe"`` or ``"qwen3_next"``.
+        model_type: the family: ``"qwen3_moe"``, ``"qwen3_next"`` or ``"qwen3_5_moe"`` (also for
+            a text-only ``qwen3_5_moe_text`` config).
         vocab_size: embedding / lm_head rows V (may exceed the tokenizer size).
         hidden_size: H.
         num_hidden_layers: L.
@@ -181,8 +188,9 @@ class ModelConfig:
         Raises:
             ValueError: unsupported ``architectures[0]`` (message lists the supported ones), a
                 ``model_type`` that does not match it, a missing required key or a value of the
-                wrong type / out of range (the message names the key), or a feature this engine
-                does not implement (sliding window, RoPE scaling, attention bias, non-silu act).
+                wrong type / out of range (the message names the key), a quantised checkpoint,
+                or a feature this engine does not implement (sliding window, RoPE scaling,
+                attention bias, non-silu act).
         """
         if not isinstance(config, dict):
             raise ValueError(f"config.json must be a JSON object, got {type(config).__name__}")
@@ -198,6 +206,10 @@ class ModelConfig:
                 f"config.json: 'model_type' is {config.get('model_type')!r}, "
                 f"expected {model_type!r} for {arch}"
             )
+        config = _text_config(config) if model_type == "qwen3_5_moe" else config
+        _refuse_quantized(config)
+        model_type = FAMILY_OF_MODEL_TYPE.get(model_type, model_type)
+        qwen3_5 = model_type == "qwen3_5_moe"
         r = _Reader(config)
         if config.get("hidden_act", "silu") != "silu":
             raise ValueError(
@@ -222,7 +234,7 @@ class ModelConfig:
             raise ValueError(
                 f"config.json: 'partial_rotary_factor' {partial} gives an odd or zero rotary dim"
             )
-        next_ = model_type == "qwen3_next"
+        next_ = model_type in HYBRID_FAMILIES
         layer_types = _layer_types(config, r, layers) if next_ else ("full_attention",) * layers
         gdn = dict.fromkeys(_GDN_KEYS, 0)
         if "linear_attention" in layer_types:
@@ -238,12 +250,14 @@ class ModelConfig:
             raise ValueError(
                 f"config.json: 'num_experts_per_tok' {top_k} > 'num_experts' {experts}"
             )
-        mlp_only = config.get("mlp_only_layers") or []
+        # Qwen3.5-MoE: every layer is MoE and routing always renormalises (the v5 config class
+        # drops these keys, so values left in a file are ignored as transformers does).
+        mlp_only = [] if qwen3_5 else config.get("mlp_only_layers") or []
         if not isinstance(mlp_only, list) or any(type(i) is not int for i in mlp_only):
             raise ValueError(
                 f"config.json: 'mlp_only_layers' must be a list of layer indices, got {mlp_only!r}"
             )
-        sparse_step = r.int("decoder_sparse_step", 1)
+        sparse_step = 1 if qwen3_5 else r.int("decoder_sparse_step", 1)
         dense = any(i in mlp_only or (i + 1) % sparse_step or not experts for i in range(layers))
         eos = config.get("eos_token_id")
         eos_ids = tuple(i for i in (eos if isinstance(eos, list) else [eos]) if isinstance(i, int))
@@ -263,7 +277,7 @@ class ModelConfig:
             **gdn,
             num_experts=experts,
             num_experts_per_tok=top_k,
-            norm_topk_prob=r.bool("norm_topk_prob"),
+            norm_topk_prob=True if qwen3_5 else r.bool("norm_topk_prob"),
             moe_intermediate_size=r.int("moe_intermediate_size") if experts else 0,
             shared_expert_intermediate_size=(
                 r.int("shared_expert_intermediate_size") if next_ else 0
@@ -294,12 +308,47 @@ def _rope(config: dict, r: _Reader, model_type: str) -> tuple[float, float]:
     theta = params.get("rope_theta", config.get("rope_theta"))
     if isinstance(theta, bool) or not isinstance(theta, (int, float)) or theta <= 0:
         raise ValueError(f"config.json: missing or invalid 'rope_theta' ({theta!r})")
-    default_partial = 0.25 if model_type == "qwen3_next" else 1.0
+    default_partial = 0.25 if model_type in HYBRID_FAMILIES else 1.0
     partial = config.get("partial_rotary_factor", default_partial)
     partial = params.get("partial_rotary_factor", partial)
     if isinstance(partial, bool) or not isinstance(partial, (int, float)) or not 0 < partial <= 1:
         raise ValueError(f"config.json: 'partial_rotary_factor' must be in (0, 1], got {partial!r}")
+    section = params.get("mrope_section")
+    if section is not None:
+        # Text-only input gives all three M-RoPE position streams the token position, so the
+        # sections only partition the rotary frequencies: plain 1-D RoPE when they cover them.
+        rotary = int(r.int("head_dim", r.int("hidden_size") // r.int("num_attention_heads"))
+                     * partial)
+        if (not isinstance(section, list) or any(type(n) is not int or n < 0 for n in section)
+                or sum(section) != rotary // 2):
+            raise ValueError(f"config.json: 'mrope_section' {section!r} must be non-negative "
+                             f"integers summing to rotary_dim / 2 = {rotary // 2}")
     return float(theta), float(partial)
+
+
+def _text_config(config: dict) -> dict:
+    """The ``text_config`` of a multimodal release as a flat config (the vision tower is not
+    served); ``tie_word_embeddings`` is read from the top level, where the releases put it."""
+    text = config.get("text_config")
+    if not isinstance(text, dict):
+        raise ValueError("config.json: 'text_config' must be an object for "
+                         f"{config['architectures'][0]}")
+    flat = dict(text)
+    flat["architectures"] = config["architectures"]
+    for key in ("tie_word_embeddings", "quantization_config", "torch_dtype", "dtype"):
+        if key in config:
+            flat[key] = config[key]
+    return flat
+
+
+def _refuse_quantized(config: dict) -> None:
+    """A checkpoint with a ``quantization_config`` is refused before anything is loaded."""
+    quant = config.get("quantization_config")
+    if quant is None:
+        return
+    method = quant.get("quant_method") if isinstance(quant, dict) else quant
+    raise ValueError(f"config.json: quantised checkpoints (quant_method {method!r}) are not "
+                     f"served yet; use the bf16 (unquantised) release of this model")
 
 
 def _layer_types(config: dict, r: _Reader, layers: int) -> tuple[str, ...]:

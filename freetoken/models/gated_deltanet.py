@@ -6,10 +6,12 @@ q and k per head (eps 1e-6, fp32) and scale q by ``dk ** -0.5``; ``beta = sigmoi
 ``g = -exp(A_log) * softplus(a + dt_bias)``; gated delta rule (§2) with grouped value heads;
 gated RMSNorm with z; ``out_proj``.
 
-Checkpoint ``in_proj_qkvz`` / ``in_proj_ba`` are grouped by key head (per k-head g:
-``[q_g | k_g | v_g (r heads) | z_g (r heads)]`` and ``[b_g | a_g]``, r = Hv/Hk). At load time
-their rows are re-ordered into one fused weight ``[q | k | v | z | b | a]``, so the conv input
-``[q | k | v]`` is a contiguous slice of a single GEMV output.
+Qwen3-Next checkpoints store ``in_proj_qkvz`` / ``in_proj_ba`` grouped by key head (per k-head
+g: ``[q_g | k_g | v_g (r heads) | z_g (r heads)]`` and ``[b_g | a_g]``, r = Hv/Hk); Qwen3.5
+stores plain ``in_proj_qkv`` (``[q | k | v]``), ``in_proj_z``, ``in_proj_b``, ``in_proj_a``
+(transformers ``Qwen3_5GatedDeltaNet``). Either is loaded into one fused weight
+``[q | k | v | z | b | a]``, so the conv input ``[q | k | v]`` is a contiguous slice of a single
+GEMV output.
 """
 
 from __future__ import annotations
@@ -45,10 +47,14 @@ class GatedDeltaNet(nn.Module):
     Args:
         config: Hk, Hv, dk, dv, conv width K, rms_norm_eps.
         dtype, device: projection/conv parameter dtype and device (A_log, dt_bias, norm: fp32).
+        split_projections: the checkpoint stores Qwen3.5's four plain projections instead of
+            Qwen3-Next's two grouped ones.
     """
 
-    def __init__(self, config: ModelConfig, dtype: torch.dtype, device=None) -> None:
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, device=None,
+                 split_projections: bool = False) -> None:
         super().__init__()
+        self.split_projections = split_projections
         self.hk, self.hv = config.linear_num_key_heads, config.linear_num_value_heads
         self.dk, self.dv = config.linear_key_head_dim, config.linear_value_head_dim
         self.key_dim, self.value_dim = self.hk * self.dk, self.hv * self.dv
@@ -89,9 +95,22 @@ class GatedDeltaNet(nn.Module):
     def weight_targets(self, prefix: str) -> dict[str, WeightTarget]:
         """HF names under ``prefix`` (``model.layers.N.linear_attn.``) -> parameters."""
         qkvz = self.conv_dim + self.value_dim
+        if self.split_projections:
+            w, b = self.in_weight, qkvz + self.hv
+            inputs = {
+                prefix + "in_proj_qkv.weight": WeightTarget(w[: self.conv_dim]),
+                prefix + "in_proj_z.weight": WeightTarget(w[self.conv_dim : qkvz]),
+                prefix + "in_proj_b.weight": WeightTarget(w[qkvz:b]),
+                prefix + "in_proj_a.weight": WeightTarget(w[b:]),
+            }
+        else:
+            inputs = {
+                prefix + "in_proj_qkvz.weight": WeightTarget(self.in_weight[:qkvz],
+                                                             self._qkvz_rows()),
+                prefix + "in_proj_ba.weight": WeightTarget(self.in_weight[qkvz:], self._ba_rows()),
+            }
         return {
-            prefix + "in_proj_qkvz.weight": WeightTarget(self.in_weight[:qkvz], self._qkvz_rows()),
-            prefix + "in_proj_ba.weight": WeightTarget(self.in_weight[qkvz:], self._ba_rows()),
+            **inputs,
             prefix + "conv1d.weight": WeightTarget(self.conv_weight.unsqueeze(1)),
             prefix + "dt_bias": WeightTarget(self.dt_bias),
             prefix + "A_log": WeightTarget(self.A_log),

@@ -4,12 +4,20 @@ Layouts (HF ``modeling_utils`` conventions): a single ``model.safetensors``, or 
 ``model.safetensors.index.json`` whose ``weight_map`` names the shard of every tensor. A model
 declares where each HF tensor goes with :class:`WeightTarget`; :func:`load_weights` checks the
 checkpoint against that list (missing, unexpected and mis-shaped tensors are errors, ``mtp.*``
-multi-token-prediction heads are ignored as transformers does) and copies with a dtype cast.
+multi-token-prediction heads and ``model.visual.*`` vision towers are ignored as transformers
+does) and copies with a dtype cast.
+
+Models name tensors in one canonical form (``model.layers.N...``, per-expert
+``mlp.experts.E.{gate,up,down}_proj.weight``); :class:`Checkpoint` maps the released variants onto
+it: the ``model.language_model.`` prefix of multimodal releases (Qwen3.5) and, when asked, the
+transformers-v5 fused expert tensors ``mlp.experts.gate_up_proj [E, 2I, H]`` (rows ``0:I`` gate,
+``I:2I`` up) and ``mlp.experts.down_proj [E, H, I]``, read one expert slice at a time.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,8 +27,25 @@ from safetensors import safe_open
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
-IGNORED_PREFIXES: tuple[str, ...] = ("mtp.",)
+IGNORED_PREFIXES: tuple[str, ...] = ("mtp.", "model.visual.")
+TEXT_PREFIX = "model.language_model."
+_FUSED_EXPERTS = re.compile(r"(.*\.mlp\.experts)\.(gate_up_proj|down_proj)")
 _LIST_LIMIT = 8
+
+
+@dataclass(frozen=True)
+class StoredSlice:
+    """Where a canonical tensor lives in the files.
+
+    Attributes:
+        name: the stored tensor name.
+        index: index into dim 0 of the stored tensor (one expert of a fused tensor), or None.
+        rows: ``(start, stop)`` of the next dim after ``index`` (gate or up half), or None.
+    """
+
+    name: str
+    index: int | None = None
+    rows: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -41,9 +66,15 @@ class WeightTarget:
 class Checkpoint:
     """Tensor names, shapes and lazy reads of a checkpoint directory.
 
+    Args:
+        path: the checkpoint directory.
+        fused_experts: expand transformers-v5 fused expert tensors into per-expert names (the
+            Qwen families' layout; a family whose fused tensors differ passes False).
+
     Attributes:
         path: the checkpoint directory.
-        files: tensor name -> safetensors file holding it.
+        files: canonical tensor name -> safetensors file holding it.
+        ignored: stored names that are not loaded (``mtp.*``, ``model.visual.*``).
 
     Raises (constructor):
         FileNotFoundError: neither ``model.safetensors`` nor the index exists, or the index names
@@ -52,28 +83,79 @@ class Checkpoint:
             the index is absent from its shard.
     """
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, fused_experts: bool = True) -> None:
         self.path = Path(path)
         index = self.path / INDEX_FILE
         single = self.path / SINGLE_FILE
         if index.is_file():
-            self.files = self._from_index(index)
+            stored = self._from_index(index)
         elif single.is_file():
             with safe_open(single, framework="pt") as f:
-                self.files = {name: single for name in f.keys()}
+                stored = {name: single for name in f.keys()}
         else:
             raise FileNotFoundError(f"no {SINGLE_FILE} or {INDEX_FILE} in {self.path}")
+        self.files: dict[str, Path] = {}
+        self.ignored: list[str] = []
+        self._source: dict[str, StoredSlice] = {}
         self._shapes: dict[str, tuple[int, ...]] = {}
         self._dtypes: dict[str, str] = {}
-        for file, names in self.by_file(self.files).items():
+        for file, names in self.by_file(stored).items():
             with safe_open(file, framework="pt") as f:
                 present = set(f.keys())
                 for name in names:
                     if name not in present:
                         raise ValueError(f"{INDEX_FILE}: tensor {name!r} is not in {file.name}")
                     piece = f.get_slice(name)
-                    self._shapes[name] = tuple(piece.get_shape())
-                    self._dtypes[name] = str(piece.get_dtype())
+                    self._add(name, file, tuple(piece.get_shape()), str(piece.get_dtype()),
+                              fused_experts)
+
+    def _add(self, name: str, file: Path, shape: tuple[int, ...], dtype: str,
+             fused_experts: bool) -> None:
+        """Register stored tensor ``name`` under its canonical name(s)."""
+        if name.startswith(IGNORED_PREFIXES):
+            self.ignored.append(name)
+            return
+        text = name.startswith(TEXT_PREFIX)
+        canonical = "model." + name[len(TEXT_PREFIX):] if text else name
+        fused = _FUSED_EXPERTS.fullmatch(canonical) if fused_experts else None
+        if fused is None or len(shape) != 3:
+            self._put(canonical, StoredSlice(name), file, shape, dtype)
+            return
+        base, kind = fused.groups()
+        for e in range(shape[0]):
+            if kind == "down_proj":
+                self._put(f"{base}.{e}.down_proj.weight", StoredSlice(name, e), file,
+                          shape[1:], dtype)
+                continue
+            if shape[1] % 2:
+                raise ValueError(f"checkpoint {self.path}: fused tensor {name!r} has an odd "
+                                 f"gate_up dim {shape[1]}")
+            half = shape[1] // 2
+            for proj, rows in (("gate_proj", (0, half)), ("up_proj", (half, shape[1]))):
+                self._put(f"{base}.{e}.{proj}.weight", StoredSlice(name, e, rows), file,
+                          (half, shape[2]), dtype)
+
+    def _put(self, canonical: str, source: StoredSlice, file: Path, shape: tuple[int, ...],
+             dtype: str) -> None:
+        if canonical in self.files:
+            raise ValueError(f"checkpoint {self.path}: tensor {canonical!r} is stored twice "
+                             f"(as {self._source[canonical].name!r} and {source.name!r})")
+        self.files[canonical] = file
+        self._source[canonical] = source
+        self._shapes[canonical] = shape
+        self._dtypes[canonical] = dtype
+
+    def read(self, handle, name: str) -> torch.Tensor:
+        """Tensor ``name`` (canonical) read from ``handle``, the open ``safe_open`` of
+        ``files[name]``; a fused expert's slice reads only that expert's bytes."""
+        source = self._source[name]
+        if source.index is None:
+            return handle.get_tensor(source.name)
+        piece = handle.get_slice(source.name)
+        if source.rows is None:
+            return piece[source.index : source.index + 1][0]
+        start, stop = source.rows
+        return piece[source.index : source.index + 1, start:stop][0]
 
     def _from_index(self, index: Path) -> dict[str, Path]:
         try:
@@ -122,7 +204,7 @@ def check_weights(checkpoint: Checkpoint, targets: dict[str, WeightTarget]) -> N
             ``mtp.*``), or a tensor whose stored shape differs from its target's shape; the message
             names the tensors (first 8) and the checkpoint directory.
     """
-    stored = {n for n in checkpoint.files if not n.startswith(IGNORED_PREFIXES)}
+    stored = set(checkpoint.files)
     missing = [n for n in targets if n not in stored]
     if missing:
         raise ValueError(
@@ -131,7 +213,8 @@ def check_weights(checkpoint: Checkpoint, targets: dict[str, WeightTarget]) -> N
     unexpected = [n for n in stored if n not in targets]
     if unexpected:
         raise ValueError(
-            f"checkpoint {checkpoint.path} has {len(unexpected)} unexpected tensor(s): "
+            f"checkpoint {checkpoint.path} has {len(unexpected)} unexpected tensor(s) (other "
+            f"than {', '.join(p + '*' for p in IGNORED_PREFIXES)}): "
             f"{_names(unexpected)}"
         )
     for name, target in targets.items():
@@ -158,7 +241,7 @@ def load_weights(checkpoint: Checkpoint, targets: dict[str, WeightTarget]) -> No
         with safe_open(file, framework="pt") as f:
             for name in names:
                 target = targets[name]
-                src = f.get_tensor(name)
+                src = checkpoint.read(f, name)
                 if target.rows is not None:
                     src = src.index_select(0, target.rows)
                 target.dest.copy_(src)

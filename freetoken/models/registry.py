@@ -7,6 +7,7 @@ does via the config class).
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import torch
@@ -16,14 +17,18 @@ from freetoken.models.base import CausalLM
 from freetoken.models.config import ModelConfig, unsupported_architecture_error
 from freetoken.models.decoder import DecoderLM
 from freetoken.models.loader import Checkpoint, load_weights
+from freetoken.models.qwen3_5_moe import Qwen3_5MoeForCausalLM
 from freetoken.models.qwen3_moe import Qwen3MoeForCausalLM
 from freetoken.models.qwen3_next import Qwen3NextForCausalLM
 
 MODEL_CLASSES: dict[str, type[DecoderLM]] = {
     "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
     "Qwen3NextForCausalLM": Qwen3NextForCausalLM,
+    "Qwen3_5MoeForConditionalGeneration": Qwen3_5MoeForCausalLM,
+    "Qwen3_5MoeForCausalLM": Qwen3_5MoeForCausalLM,
 }
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16)
+logger = logging.getLogger("freetoken.models")
 
 
 def load_model(path: str | Path, dtype: torch.dtype = torch.float32,
@@ -61,6 +66,9 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32,
         raise unsupported_architecture_error(arch)
     config = ModelConfig.from_hf(raw)
     checkpoint = Checkpoint(path)
+    vision = sum(name.startswith("model.visual.") for name in checkpoint.ignored)
+    if vision:
+        logger.info("vision tower not loaded (%d tensors): serving the text model only", vision)
     if moe is not None:
         from freetoken.offload.loading import build_offloaded
 

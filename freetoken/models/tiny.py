@@ -39,6 +39,9 @@ STAMP_FILE = "freetoken_tiny.json"
 _STAMP_KEYS = ("version", "arch", "preset", "seed", "config_overrides", "inputs_sha256")
 TOKENIZER_FILE = ASSETS_DIR / "tokenizer" / "tokenizer.json"
 _ADDED_TOKEN_FLAGS = ("content", "lstrip", "normalized", "rstrip", "single_word", "special")
+VISION_TOKENS = {"image_token_id": "<|image_pad|>", "video_token_id": "<|video_pad|>",
+                 "vision_start_token_id": "<|vision_start|>",
+                 "vision_end_token_id": "<|vision_end|>"}
 
 
 def _tokenizer_facts() -> tuple[dict, int]:
@@ -95,7 +98,7 @@ def make_tiny(arch: str, preset: str, out_dir: str | Path, seed: int = 0,
     """Write a seeded-random ``arch`` checkpoint of size ``preset`` into ``out_dir``.
 
     Args:
-        arch: ``"qwen3_moe"`` or ``"qwen3_next"``.
+        arch: ``"qwen3_moe"``, ``"qwen3_next"`` or ``"qwen3_5_moe"``.
         preset: ``"tiny"`` (~22 MB, for tests) or ``"small"`` (~1.3 GB, 1.21 GB of routed
             experts, for benchmarks; written in 256 MB shards so peak RAM stays low).
         out_dir: created if missing; existing files of the same names are overwritten.
@@ -118,15 +121,17 @@ def make_tiny(arch: str, preset: str, out_dir: str | Path, seed: int = 0,
     tokenizer, tok_size = _tokenizer_facts()
     bos, eos = _token_id(tokenizer, "<|endoftext|>"), _token_id(tokenizer, "<|im_end|>")
     vocab = -(-tok_size // 64) * 64
-    raw = preset_config(arch, preset, vocab, bos, eos)
-    raw.update(config_overrides or {})
+    vision_ids = {key: _token_id(tokenizer, token) for key, token in VISION_TOKENS.items()}
+    raw = preset_config(arch, preset, vocab, bos, eos, vision_ids)
+    # a multimodal config takes the overrides in its text_config (where the text model lives)
+    (raw["text_config"] if "text_config" in raw else raw).update(config_overrides or {})
     config = ModelConfig.from_hf(raw)
     if config.tie_word_embeddings:
         raise ValueError("make_tiny: tie_word_embeddings is unsupported (the <|im_end|> row of "
                          "lm_head is calibrated separately from the embedding)")
     template = _template(arch)
     out.mkdir(parents=True, exist_ok=True)
-    write_safetensors(config, seed, out)
+    write_safetensors(config, seed, out, vision_config=raw.get("vision_config"))
     _write_json(out / "config.json", raw)
     _write_json(out / "generation_config.json", {
         "bos_token_id": bos,

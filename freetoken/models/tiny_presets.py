@@ -1,8 +1,9 @@
 """``config.json`` contents of the generated test/benchmark checkpoints.
 
 Every key of the real configs is written explicitly (model-architectures.md §1.2 for
-Qwen3-Next-80B-A3B, §3 for Qwen3-30B-A3B; transformers class defaults differ from the real
-files, so none are relied on). Only the sizes shrink:
+Qwen3-Next-80B-A3B, §1.3 for Qwen3.5-35B-A3B, §3 for Qwen3-30B-A3B; transformers class defaults
+differ from the real files, so none are relied on). Only the sizes shrink (qwen3_5_moe has the
+qwen3_next sizes, plus a one-block vision tower that the engine does not serve):
 
 * ``tiny``: a few MB, for the test suite; qwen3_next has 4 layers with
   ``full_attention_interval`` 4 (3 Gated DeltaNet + 1 gated attention), 16 experts, top-4.
@@ -15,7 +16,7 @@ clients send 20-40k-token prompts).
 
 from __future__ import annotations
 
-ARCHES = ("qwen3_moe", "qwen3_next")
+ARCHES = ("qwen3_moe", "qwen3_next", "qwen3_5_moe")
 PRESETS = ("tiny", "small")
 MAX_POSITIONS = 262144
 
@@ -90,6 +91,85 @@ def _qwen3_next(sizes: dict, vocab: int, bos: int, eos: int) -> dict:
     }
 
 
+def _mrope_section(rotary_dim: int) -> list[int]:
+    """Split ``rotary_dim / 2`` frequencies into the (t, h, w) sections as the real [11, 11, 10]."""
+    half = rotary_dim // 2
+    t = h = -(-half // 3)
+    return [t, h, half - t - h]
+
+
+def _qwen3_5_moe(sizes: dict, vocab: int, bos: int, eos: int, vision_ids: dict) -> dict:
+    layers = sizes["num_hidden_layers"]
+    head_dim = sizes["head_dim"]
+    text = {
+        "model_type": "qwen3_5_moe_text",
+        "vocab_size": vocab,
+        "hidden_size": sizes["hidden_size"],
+        "num_hidden_layers": layers,
+        "layer_types": ["full_attention" if (i + 1) % 4 == 0 else "linear_attention"
+                        for i in range(layers)],
+        "full_attention_interval": 4,
+        "num_attention_heads": sizes["num_attention_heads"],
+        "num_key_value_heads": sizes["num_key_value_heads"],
+        "head_dim": head_dim,
+        "attn_output_gate": True,
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "linear_conv_kernel_dim": 4,
+        "linear_num_key_heads": sizes["linear_num_key_heads"],
+        "linear_num_value_heads": sizes["linear_num_value_heads"],
+        "linear_key_head_dim": sizes["linear_key_head_dim"],
+        "linear_value_head_dim": sizes["linear_value_head_dim"],
+        "num_experts": sizes["num_experts"],
+        "num_experts_per_tok": sizes["num_experts_per_tok"],
+        "moe_intermediate_size": sizes["moe_intermediate_size"],
+        "shared_expert_intermediate_size": sizes["shared_expert_intermediate_size"],
+        "mlp_only_layers": [],
+        "rope_parameters": {
+            "mrope_interleaved": True,
+            "mrope_section": _mrope_section(int(head_dim * 0.25)),
+            "rope_type": "default",
+            "rope_theta": 10000000,
+            "partial_rotary_factor": 0.25,
+        },
+        "max_position_embeddings": MAX_POSITIONS,
+        "rms_norm_eps": 1e-06,
+        "hidden_act": "silu",
+        "mamba_ssm_dtype": "float32",
+        "router_aux_loss_coef": 0.001,
+        "output_router_logits": False,
+        "initializer_range": 0.02,
+        "use_cache": True,
+        "bos_token_id": bos,
+        "eos_token_id": eos,
+        "dtype": "bfloat16",
+    }
+    vision = {
+        "model_type": "qwen3_5_moe_vision",
+        "depth": 1,
+        "hidden_size": 32,
+        "hidden_act": "gelu_pytorch_tanh",
+        "intermediate_size": 64,
+        "num_heads": 2,
+        "in_channels": 3,
+        "patch_size": 16,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+        "out_hidden_size": sizes["hidden_size"],
+        "num_position_embeddings": 16,
+        "initializer_range": 0.02,
+    }
+    return {
+        "architectures": ["Qwen3_5MoeForConditionalGeneration"],
+        "model_type": "qwen3_5_moe",
+        **vision_ids,
+        "tie_word_embeddings": False,
+        "text_config": text,
+        "vision_config": vision,
+        "transformers_version": "5.2.0",
+    }
+
+
 def _qwen3_moe(sizes: dict, vocab: int, bos: int, eos: int) -> dict:
     layers = sizes["num_hidden_layers"]
     return {
@@ -130,14 +210,17 @@ def _qwen3_moe(sizes: dict, vocab: int, bos: int, eos: int) -> dict:
     }
 
 
-def preset_config(arch: str, preset: str, vocab_size: int, bos_id: int, eos_id: int) -> dict:
+def preset_config(arch: str, preset: str, vocab_size: int, bos_id: int, eos_id: int,
+                  vision_ids: dict | None = None) -> dict:
     """The full ``config.json`` dict of ``arch`` at ``preset`` size.
 
     Args:
-        arch: ``"qwen3_moe"`` or ``"qwen3_next"``.
+        arch: ``"qwen3_moe"``, ``"qwen3_next"`` or ``"qwen3_5_moe"``.
         preset: ``"tiny"`` or ``"small"``.
         vocab_size: embedding rows (tokenizer size rounded up to a multiple of 64).
         bos_id, eos_id: ids of ``<|endoftext|>`` and ``<|im_end|>``.
+        vision_ids: qwen3_5_moe's ``image_token_id``, ``video_token_id``,
+            ``vision_start_token_id``, ``vision_end_token_id`` (the tokenizer's ids).
 
     Raises:
         ValueError: unknown arch or preset (lists the valid ones).
@@ -146,5 +229,8 @@ def preset_config(arch: str, preset: str, vocab_size: int, bos_id: int, eos_id: 
         raise ValueError(f"unknown arch {arch!r}; expected one of {', '.join(ARCHES)}")
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; expected one of {', '.join(PRESETS)}")
+    if arch == "qwen3_5_moe":
+        sizes = _SIZES[("qwen3_next", preset)]
+        return _qwen3_5_moe(sizes, vocab_size, bos_id, eos_id, vision_ids or {})
     build = _qwen3_next if arch == "qwen3_next" else _qwen3_moe
     return build(_SIZES[(arch, preset)], vocab_size, bos_id, eos_id)

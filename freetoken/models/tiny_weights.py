@@ -2,7 +2,10 @@
 
 Tensor names and shapes come from the FreeToken model built on the ``meta`` device (its
 ``weight_targets``: the real HF names, per-expert ``mlp.experts.E.{gate,up,down}_proj.weight``),
-and transformers loads the result independently in the parity tests. Initialisation follows
+rewritten for Qwen3.5 into its released layout (``model.language_model.`` prefix, fused
+``experts.gate_up_proj [E, 2I, H]`` / ``experts.down_proj [E, H, I]``, float32 ``A_log`` and
+``linear_attn.norm.weight``, a ``model.visual.*`` tower from ``vision_config``), and transformers
+loads the result independently in the parity tests. Initialisation follows
 model-architectures.md §9: linear and router weights N(0, 0.02); token embeddings N(0, 1) (with
 0.02 the residual stream of a random Qwen3-MoE is dominated by context-averaged attention output,
 so its logits barely depend on the current token and end-of-turn calibration becomes
@@ -15,6 +18,7 @@ default). Everything is stored bfloat16 except ``A_log`` (float32).
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,12 +27,13 @@ import torch
 from safetensors.torch import save_file
 
 from freetoken.models.config import ModelConfig
-from freetoken.models.loader import INDEX_FILE, SINGLE_FILE
+from freetoken.models.loader import INDEX_FILE, SINGLE_FILE, TEXT_PREFIX
 
 INIT_STD = 0.02
 EMBED_STD = 1.0
 STORED_DTYPE = torch.bfloat16
 MAX_SHARD_BYTES = 256 * 2**20
+_EXPERT = re.compile(r"(.*\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.weight")
 
 
 @dataclass(frozen=True)
@@ -48,17 +53,63 @@ class TensorSpec:
         return n * torch.empty(0, dtype=self.dtype).element_size()
 
 
-def tensor_specs(config: ModelConfig) -> list[TensorSpec]:
+def tensor_specs(config: ModelConfig, vision_config: dict | None = None) -> list[TensorSpec]:
     """All checkpoint tensors of ``config`` in generation order (embedding, lm_head, final norm,
-    then layer by layer), as the model's ``weight_targets`` lists them."""
+    then layer by layer, as the model's ``weight_targets`` lists them; then the vision tower of
+    ``vision_config`` if given), named as the family releases them."""
     from freetoken.models.registry import MODEL_CLASSES
 
     model = MODEL_CLASSES[config.arch](config, dtype=STORED_DTYPE, device="meta")
+    qwen3_5 = config.model_type == "qwen3_5_moe"
     specs = []
     for name, target in model.weight_targets().items():
-        dtype = torch.float32 if name.endswith("A_log") else STORED_DTYPE
-        specs.append(TensorSpec(name, tuple(target.dest.shape), dtype))
-    return specs
+        fp32 = name.endswith("A_log") or (qwen3_5 and name.endswith("linear_attn.norm.weight"))
+        spec = TensorSpec(name, tuple(target.dest.shape), torch.float32 if fp32 else STORED_DTYPE)
+        specs.extend(_released(spec, config) if qwen3_5 else [spec])
+    return specs + (_vision_specs(vision_config) if vision_config else [])
+
+
+def _released(spec: TensorSpec, config: ModelConfig) -> list[TensorSpec]:
+    """Qwen3.5's stored form of one canonical tensor: prefixed, experts fused (emitted once,
+    at expert 0's gate and down tensors)."""
+    name = spec.name if spec.name == "lm_head.weight" else TEXT_PREFIX + spec.name[len("model."):]
+    expert = _EXPERT.fullmatch(name)
+    if expert is None:
+        return [TensorSpec(name, spec.shape, spec.dtype)]
+    base, index, proj = expert.groups()
+    if index != "0" or proj == "up":
+        return []
+    e, i, h = config.num_experts, config.moe_intermediate_size, config.hidden_size
+    if proj == "gate":
+        return [TensorSpec(base + ".gate_up_proj", (e, 2 * i, h), spec.dtype)]
+    return [TensorSpec(base + ".down_proj", (e, h, i), spec.dtype)]
+
+
+def _vision_specs(vision: dict) -> list[TensorSpec]:
+    """``model.visual.*`` of a Qwen3.5 vision tower (patch embed, blocks, merger), from its
+    config; written so the file has the released layout, never loaded by the engine."""
+    d, mlp, out = vision["hidden_size"], vision["intermediate_size"], vision["out_hidden_size"]
+    patch, merged = vision["patch_size"], d * vision["spatial_merge_size"] ** 2
+    shapes = {
+        "patch_embed.proj.weight": (d, vision["in_channels"], vision["temporal_patch_size"],
+                                    patch, patch),
+        "patch_embed.proj.bias": (d,),
+        "pos_embed.weight": (vision["num_position_embeddings"], d),
+    }
+    for b in range(vision["depth"]):
+        for part, shape in (("norm1.weight", (d,)), ("norm1.bias", (d,)), ("norm2.weight", (d,)),
+                            ("norm2.bias", (d,)), ("attn.qkv.weight", (3 * d, d)),
+                            ("attn.qkv.bias", (3 * d,)), ("attn.proj.weight", (d, d)),
+                            ("attn.proj.bias", (d,)), ("mlp.linear_fc1.weight", (mlp, d)),
+                            ("mlp.linear_fc1.bias", (mlp,)), ("mlp.linear_fc2.weight", (d, mlp)),
+                            ("mlp.linear_fc2.bias", (d,))):
+            shapes[f"blocks.{b}.{part}"] = shape
+    shapes.update({
+        "merger.norm.weight": (d,), "merger.norm.bias": (d,),
+        "merger.linear_fc1.weight": (merged, merged), "merger.linear_fc1.bias": (merged,),
+        "merger.linear_fc2.weight": (out, merged), "merger.linear_fc2.bias": (out,),
+    })
+    return [TensorSpec("model.visual." + n, s, STORED_DTYPE) for n, s in shapes.items()]
 
 
 def _init(spec: TensorSpec, config: ModelConfig, gen: torch.Generator) -> torch.Tensor:
@@ -70,7 +121,8 @@ def _init(spec: TensorSpec, config: ModelConfig, gen: torch.Generator) -> torch.
     if name.endswith("conv1d.weight"):
         bound = shape[-1] ** -0.5
         return torch.empty(shape).uniform_(-bound, bound, generator=gen)
-    std = EMBED_STD if name == "model.embed_tokens.weight" else INIT_STD
+    embed = name in ("model.embed_tokens.weight", TEXT_PREFIX + "embed_tokens.weight")
+    std = EMBED_STD if embed else INIT_STD
     noise = torch.randn(shape, generator=gen) * std
     if name.endswith("norm.weight"):
         zero_centered = config.zero_centered_norms and not name.endswith("linear_attn.norm.weight")
@@ -78,20 +130,23 @@ def _init(spec: TensorSpec, config: ModelConfig, gen: torch.Generator) -> torch.
     return noise
 
 
-def generate(config: ModelConfig, seed: int) -> Iterator[tuple[TensorSpec, torch.Tensor]]:
+def generate(config: ModelConfig, seed: int,
+             vision_config: dict | None = None) -> Iterator[tuple[TensorSpec, torch.Tensor]]:
     """Yield ``(spec, tensor)`` one at a time, deterministically for ``seed``.
 
     Args:
         config: the checkpoint's config.
         seed: seeds one ``torch.Generator`` consumed in tensor order.
+        vision_config: a Qwen3.5 ``vision_config`` whose tower is written too, or None.
     """
     gen = torch.Generator().manual_seed(seed)
-    for spec in tensor_specs(config):
+    for spec in tensor_specs(config, vision_config):
         yield spec, _init(spec, config, gen).to(spec.dtype)
 
 
 def write_safetensors(config: ModelConfig, seed: int, out_dir: Path,
-                      max_shard_bytes: int = MAX_SHARD_BYTES) -> list[Path]:
+                      max_shard_bytes: int = MAX_SHARD_BYTES,
+                      vision_config: dict | None = None) -> list[Path]:
     """Write the weights as ``model.safetensors`` or, above ``max_shard_bytes``, as shards
     ``model-0000i-of-0000n.safetensors`` plus ``model.safetensors.index.json``.
 
@@ -100,7 +155,7 @@ def write_safetensors(config: ModelConfig, seed: int, out_dir: Path,
     Returns:
         the written files.
     """
-    specs = tensor_specs(config)
+    specs = tensor_specs(config, vision_config)
     shard_of, size, shard = [], 0, 0
     for spec in specs:
         if size and size + spec.nbytes > max_shard_bytes:
@@ -114,7 +169,7 @@ def write_safetensors(config: ModelConfig, seed: int, out_dir: Path,
     buffer: dict[str, torch.Tensor] = {}
     weight_map: dict[str, str] = {}
     written = []
-    for i, (spec, tensor) in enumerate(generate(config, seed)):
+    for i, (spec, tensor) in enumerate(generate(config, seed, vision_config)):
         buffer[spec.name] = tensor.contiguous()
         weight_map[spec.name] = names[shard_of[i]]
         if i + 1 == len(specs) or shard_of[i + 1] != shard_of[i]:

@@ -21,6 +21,8 @@ from .server import ServerProcess
 from .tap import Tap
 
 MAX_OUTPUT_TOKENS = 48
+# Families besides the default one that each client must also complete a turn against.
+FAMILIES = ("qwen3_5_moe",)
 _ARTIFACTS: list[Path] = []
 
 
@@ -62,6 +64,25 @@ def live(artifacts_dir: Path) -> Iterator[Live]:
     try:
         tap.start()
         yield Live(server, tap, artifacts_dir)
+    finally:
+        tap.stop()
+        server.stop()
+
+
+@pytest.fixture(scope="session", params=FAMILIES)
+def family_live(request: pytest.FixtureRequest, artifacts_dir: Path) -> Iterator[Live]:
+    """A second server (and relay) on the tiny checkpoint of each family in ``FAMILIES``."""
+    from freetoken.models.tiny import cached_tiny
+
+    family = request.param
+    folder = artifacts_dir / family
+    folder.mkdir(exist_ok=True)
+    server = ServerProcess.start(folder / "server.log", max_output_tokens=MAX_OUTPUT_TOKENS,
+                                 extra_args=("--model", str(cached_tiny(family))))
+    tap = Tap(server.port)
+    try:
+        tap.start()
+        yield Live(server, tap, folder)
     finally:
         tap.stop()
         server.stop()

@@ -70,6 +70,16 @@ def _check(run: ClientRun, live) -> list[dict]:  # noqa: ANN001 - the Live fixtu
 
 def test_claude_code_lean_tools(live, claude_code_client, tmp_path: Path) -> None:  # noqa: ANN001
     """``--tools Bash,Read,Edit`` (~3k-token prompt), up to 2 turns."""
+    _lean_tools(live, claude_code_client, tmp_path)
+
+
+def test_claude_code_on_each_family(family_live, claude_code_client, tmp_path: Path) -> None:  # noqa: ANN001
+    """The same run against the tiny checkpoint of each other family (its template, tool-call
+    format and model)."""
+    _lean_tools(family_live, claude_code_client, tmp_path)
+
+
+def _lean_tools(live, claude_code_client, tmp_path: Path) -> None:  # noqa: ANN001
     argv, env = agents.claude_code(claude_code_client, live.base_url, live.model, tmp_path / "home",
                                    tools="Bash,Read,Edit", max_turns=2)
     work = tmp_path / "work"

@@ -38,6 +38,15 @@ def _served(ex: Exchange) -> tuple[int, str]:
 
 @pytest.mark.parametrize("provider", sorted(PATHS))
 def test_opencode_run(live, opencode_client, tmp_path: Path, provider: str) -> None:  # noqa: ANN001
+    _run(live, opencode_client, tmp_path, provider)
+
+
+def test_opencode_on_each_family(family_live, opencode_client, tmp_path: Path) -> None:  # noqa: ANN001
+    """The Chat Completions run against the tiny checkpoint of each other family."""
+    _run(family_live, opencode_client, tmp_path, "@ai-sdk/openai-compatible")
+
+
+def _run(live, opencode_client, tmp_path: Path, provider: str) -> None:  # noqa: ANN001
     work = tmp_path / "work"
     work.mkdir()
     home = tmp_path / "home"

@@ -69,7 +69,8 @@ def test_unexpected_tensor(source, tmp_path) -> None:
     with pytest.raises(ValueError) as err:
         load_model(bad)
     assert str(err.value) == (
-        f"checkpoint {bad} has 1 unexpected tensor(s): model.layers.0.mlp.experts.99.up_proj.weight"
+        f"checkpoint {bad} has 1 unexpected tensor(s) (other than mtp.*, model.visual.*): "
+        "model.layers.0.mlp.experts.99.up_proj.weight"
     )
 
 
@@ -114,7 +115,8 @@ def test_unknown_architecture(source, tmp_path) -> None:
     with pytest.raises(ValueError) as err:
         load_model(other)
     assert str(err.value) == (
-        "unsupported architecture 'LlamaForCausalLM'; supported: Qwen3MoeForCausalLM, Qwen3NextForCausalLM"
+        "unsupported architecture 'LlamaForCausalLM'; supported: Qwen3MoeForCausalLM, "
+        "Qwen3NextForCausalLM, Qwen3_5MoeForCausalLM, Qwen3_5MoeForConditionalGeneration"
     )
 
 

@@ -103,8 +103,8 @@ def test_restored_prefix_and_checkpoint_continue_exactly(model) -> None:
         assert torch.equal(e, g)
     assert state.num_tokens == full.num_tokens == PROMPT + 3 + 4
     if checkpoint:  # hybrid: without the checkpoint the GDN layers start from zero and differ
-        wrong = ft(ids[c:], restored(False))
-        assert (wrong - expected[0]).abs().max().item() > 1e-3
+        wrong = ft(ids[c:], restored(False))  # (by far more than fp32 rounding, ~1e-6)
+        assert (wrong - expected[0]).abs().max().item() > 1e-4
     else:
         assert not any(isinstance(s, GDNState) for s in full.layers)
 

@@ -110,7 +110,7 @@ def test_only_the_im_end_row_departs_from_the_seeded_init(tiny_checkpoint) -> No
 
 
 def test_small_preset_sizes() -> None:
-    for arch in ("qwen3_moe", "qwen3_next"):
+    for arch in ("qwen3_moe", "qwen3_next", "qwen3_5_moe"):
         c = ModelConfig.from_hf(preset_config(arch, "small", 8256, ENDOFTEXT, IM_END))
         moe_layers = sum(c.is_moe_layer(i) for i in range(c.num_hidden_layers))
         routed_bytes = moe_layers * c.num_experts * 3 * c.hidden_size * c.moe_intermediate_size * 2

@@ -79,19 +79,20 @@ EDITS = {
 }
 
 
+@pytest.mark.parametrize("arch", [ARCH, "qwen3_5_moe"])
 @pytest.mark.parametrize("edit", sorted(EDITS))
-def test_edit_recomputes_only_the_tokens_after_the_edit_point(edit: str) -> None:
+def test_edit_recomputes_only_the_tokens_after_the_edit_point(edit: str, arch: str) -> None:
     first, second = EDITS[edit]()
-    text1, p1 = render(ARCH, first)
-    text2, p2 = render(ARCH, second)
-    want = expected_reuse(ARCH, text1, text2)
+    text1, p1 = render(arch, first)
+    text2, p2 = render(arch, second)
+    want = expected_reuse(arch, text1, text2)
     assert 0 < want < len(p2)
-    engine = make_engine(ARCH, anchors=ALL)
+    engine = make_engine(arch, anchors=ALL)
     serve(engine, p1, key=0)
     warm = serve(engine, p2, key=1)
     assert warm[-1].cached_tokens == want
     assert warm[-1].prompt_tokens - warm[-1].cached_tokens == len(p2) - want
-    cold = serve(make_engine(ARCH, anchors=ALL), p2, key=0)
+    cold = serve(make_engine(arch, anchors=ALL), p2, key=0)
     assert cold[-1].cached_tokens == 0
     assert ids(warm) == ids(cold)
 

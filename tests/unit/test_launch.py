@@ -141,10 +141,14 @@ def test_q8_with_offload_notes_that_it_has_no_effect(capsys):
 @pytest.mark.parametrize("stored,key,expected", [
     ("bfloat16", "torch_dtype", "bfloat16"), ("float16", "torch_dtype", "bfloat16"),
     ("float32", "torch_dtype", "float32"), ("bfloat16", "dtype", "bfloat16"),
-    (None, "torch_dtype", "float32"),
+    (None, "torch_dtype", "float32"), ("bfloat16", "text_config", "bfloat16"),
+    ("float32", "text_config", "float32"),
 ])
 def test_dtype_auto_is_the_checkpoint_dtype(tmp_path, stored, key, expected):
-    (tmp_path / "config.json").write_text(json.dumps({} if stored is None else {key: stored}))
+    config = {} if stored is None else {key: stored}
+    if key == "text_config":  # a multimodal release (Qwen3.5) keeps it in its text config
+        config = {"text_config": {"dtype": stored}}
+    (tmp_path / "config.json").write_text(json.dumps(config))
     assert checkpoint_compute_dtype(tmp_path) == expected
     assert build_parser().parse_args(["serve"]).dtype == "auto"
 
