@@ -24,9 +24,10 @@ checkpoint's vocabulary (both engines get the ids, so tokenisers cannot differ).
 llama.cpp comes from ``evals/peers/build_llamacpp_tools.sh`` (its own llama-server, built once
 from the llama.cpp source in the llama-cpp-python sdist, ~20 min on 2 cores). The checkpoint
 defaults to the seeded ``small`` qwen3_moe preset (``freetoken make-tiny``); ``--model`` takes any
-qwen3_moe or qwen3_next checkpoint the converter maps (e.g. ``~/.cache/freetoken/models/
-small-qwen3_next``, llama.cpp arch ``qwen3next``). Run: ``python -m evals.bench_engine
-[--model DIR] [--prompts 16,512,2048] [--json F]``.
+qwen3_moe, qwen3_next or qwen3_5_moe checkpoint the converter maps (e.g. ``~/.cache/freetoken/
+models/small-qwen3_next`` or ``small-qwen3_5_moe``, llama.cpp arch ``qwen3next`` /
+``qwen35moe``). Run: ``python -m evals.bench_engine [--model DIR] [--prompts 16,512,2048]
+[--json F]``.
 """
 
 from __future__ import annotations
@@ -75,6 +76,15 @@ def bench_gguf(model: Path, gguf_python: Path, outtype: str) -> Path:
                         "--outtype", outtype], check=True, stdout=subprocess.DEVNULL)
         stamp.write_text(key)
     return path
+
+
+def checkpoint_config(model: Path) -> dict:
+    """``config.json``, with a multimodal release's ``text_config`` (qwen3_5_moe: vocab_size,
+    dtype) merged over its top level and ``dtype`` also read as ``torch_dtype``."""
+    config = json.loads((model / "config.json").read_text())
+    config = {**config, **(config.get("text_config") or {})}
+    config.setdefault("torch_dtype", config.get("dtype"))
+    return config
 
 
 def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 600.0) -> None:
@@ -191,7 +201,7 @@ def model_step_ms(model_dir: Path, prompt: int, steps: int) -> float:
     from freetoken.models.registry import load_model
     from freetoken.prefix.kv_pool import KVPagePool
 
-    config = json.loads((model_dir / "config.json").read_text())
+    config = checkpoint_config(model_dir)
     dtype = torch.bfloat16 if config.get("torch_dtype") == "bfloat16" else torch.float32
     model = load_model(model_dir, dtype=dtype)
     page = 16
@@ -233,8 +243,8 @@ def _counts(text: str) -> list[int]:
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", type=Path, default=None,
-                    help="qwen3_moe or qwen3_next checkpoint (default: the cached small qwen3_moe "
-                         "preset)")
+                    help="qwen3_moe, qwen3_next or qwen3_5_moe checkpoint (default: the cached "
+                         "small qwen3_moe preset)")
     ap.add_argument("--prompts", type=_lengths, default="16,512,2048",
                     help="comma list of prompt lengths")
     ap.add_argument("--tokens", type=_positive, default=64, help="completion tokens per request")
@@ -259,7 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
 def serve_both(model: Path, args: argparse.Namespace) -> tuple[dict, dict, str]:
     """FreeToken's and llama-server's :func:`measure` results on ``model`` (one server at a
     time), and the checkpoint dtype the GGUF keeps (``bf16`` or ``f32``)."""
-    config = json.loads((model / "config.json").read_text())
+    config = checkpoint_config(model)
     vocab = min(config["vocab_size"], 8192)  # prompt ids: ordinary tokens, never the specials
     outtype = "bf16" if config.get("torch_dtype") == "bfloat16" else "f32"
     bin_dir, gguf_python = llamacpp_tools()

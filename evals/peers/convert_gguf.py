@@ -1,5 +1,5 @@
-"""Convert a FreeToken / Hugging Face ``qwen3_moe`` or ``qwen3_next`` checkpoint to a GGUF file
-for llama.cpp.
+"""Convert a FreeToken / Hugging Face ``qwen3_moe``, ``qwen3_next`` or ``qwen3_5_moe`` checkpoint
+to a GGUF file for llama.cpp.
 
 Usage (run with the peer virtualenv's python, which has numpy + ``gguf==0.19.0``)::
 
@@ -9,8 +9,8 @@ Written for FreeToken from llama.cpp's published layout (read, not copied): the 
 string, tensor names and metadata keys come from the ``gguf`` package at run time
 (``gguf.MODEL_ARCH_NAMES``, ``gguf.TENSOR_NAMES``, ``GGUFWriter.add_*``); which tensors and keys
 each graph loads, and in which shape, from llama.cpp ``src/models/qwen3moe.cpp`` and
-``src/models/qwen3next.cpp`` (``load_arch_hparams`` / ``load_arch_tensors`` and the graph).
-The ``config.json`` ``model_type`` picks the family.
+``src/models/qwen3next.cpp``, ``src/models/qwen35moe.cpp`` (``load_arch_hparams`` /
+``load_arch_tensors`` and the graph). The ``config.json`` ``model_type`` picks the family.
 
 **qwen3_moe** -> arch ``qwen3moe``:
 
@@ -84,6 +84,37 @@ ssm.time_step_rank (nv), ssm.inner_size (nv*dv). Refused: an explicit ``layer_ty
 not the interval pattern (gguf 0.19.0 has no per-layer key to write it), dk != dv (llama.cpp
 takes both from ssm.state_size), nv not a multiple of nk, and the qwen3_moe refusals.
 
+**qwen3_5_moe** -> arch ``qwen35moe`` (Qwen3.5 / 3.6 MoE). The text model's keys are read from
+``text_config``, its tensors from ``model.language_model.`` (``lm_head.weight`` stays top-level);
+``model.visual.*`` (vision tower) and ``mtp.*`` are left out. As qwen3_next, except:
+
+======================================================  ===========================  ==============
+HF tensor (PyTorch shape), under ``layers.i.``          GGUF tensor                  ggml ne
+======================================================  ===========================  ==============
+linear_attn.in_proj_qkv.weight [C, H]        (tile v)   blk.i.attn_qkv.weight        {H, C}
+linear_attn.in_proj_z.weight [nv*dv, H]        (tile)   blk.i.attn_gate.weight       {H, nv*dv}
+linear_attn.in_proj_{b,a}.weight [nv, H]       (tile)   blk.i.ssm_{beta,alpha}       {H, nv}
+linear_attn.conv1d.weight [C, 1, K]  (squeeze, tile v)  blk.i.ssm_conv1d.weight      {K, C}
+linear_attn.{A_log (-exp), dt_bias} [nv]       (tile)   blk.i.ssm_{a,dt.bias}        {nv}
+linear_attn.out_proj.weight [H, nv*dv] (tile columns)   blk.i.ssm_out.weight         {nv*dv, H}
+mlp.experts.gate_up_proj [E, 2I, H] (gate rows first)   blk.i.ffn_gate_up_exps       {H, 2I, E}
+mlp.experts.down_proj [E, H, I]                         blk.i.ffn_down_exps          {I, H, E}
+======================================================  ===========================  ==============
+
+"tile": value head j of the HF model reads key head j // r (q/k repeat-interleaved), while
+llama.cpp's qwen35moe broadcasts the nk key heads by tiling (value head h reads key head h % nk,
+in ``ggml_repeat_4d`` and in the fused ``gated_delta_net`` kernel alike). Every per-value-head
+axis (the v rows of qkv and of the conv, z, b, a, A_log, dt_bias, the out_proj columns) is
+therefore reordered: HF head g*r + j goes to position j*nk + g. The fused gate_up tensor is
+copied (llama.cpp splits it at I, gate first). RoPE: the graph runs interleaved M-RoPE, whose
+fourth position stream is 0 for text tokens; ``rope.dimension_sections`` = [ceil(P/3),
+ceil((P-1)/3), ceil((P-2)/3), 0] for P = rope.dimension_count / 2 rotary pairs sends every pair
+to a stream holding the token position, i.e. plain NEOX RoPE as in the HF model on text (the
+checkpoint's own ``mrope_section``, e.g. [6, 6, 4] for P = 16, can leave pairs on the zero
+stream). No feed_forward_length (no dense FFN); routing always renormalises and every layer is
+MoE (``norm_topk_prob`` / ``mlp_only_layers`` are not read, as in transformers). Refused as for
+qwen3_next, plus ``attn_output_gate: false`` (the graph always gates).
+
 dtype: ``f32`` is exact for bf16/f16/f32 checkpoints; ``bf16`` is exact for bf16 checkpoints;
 ``f16`` rounds. 1-D tensors (norms, ``ssm_a``, ``ssm_dt``), the routers and the conv kernel
 (ggml's CPU ``ssm_conv`` reads float32 only) stay float32 in every mode (a rounded router can
@@ -110,9 +141,12 @@ from gguf_vocab import load_vocab  # noqa: E402
 from safetensors_np import SafetensorsCheckpoint  # noqa: E402
 
 T = gguf.MODEL_TENSOR
-ARCHES = {"qwen3_moe": gguf.MODEL_ARCH.QWEN3MOE, "qwen3_next": gguf.MODEL_ARCH.QWEN3NEXT}
-_GLOBAL_TENSORS = {"model.embed_tokens.weight": T.TOKEN_EMBD, "model.norm.weight": T.OUTPUT_NORM,
-                   "lm_head.weight": T.OUTPUT}
+ARCHES = {"qwen3_moe": gguf.MODEL_ARCH.QWEN3MOE, "qwen3_next": gguf.MODEL_ARCH.QWEN3NEXT,
+          "qwen3_5_moe": gguf.MODEL_ARCH.QWEN35MOE}
+_HYBRID = ("qwen3_next", "qwen3_5_moe")  # Gated DeltaNet + gated attention, zero-centred norms
+_GLOBAL_TENSORS = {"embed_tokens.weight": T.TOKEN_EMBD, "norm.weight": T.OUTPUT_NORM,
+                   "lm_head.weight": T.OUTPUT}  # after the family's _PREFIX, lm_head top-level
+_PREFIX = {"qwen3_5_moe": "model.language_model."}  # of the text model's tensors; else "model."
 _ATTN_TENSORS = {  # HF suffix after "model.layers.{i}." -> gguf tensor kind
     "self_attn.q_proj.weight": T.ATTN_Q,
     "self_attn.k_proj.weight": T.ATTN_K,
@@ -121,7 +155,8 @@ _ATTN_TENSORS = {  # HF suffix after "model.layers.{i}." -> gguf tensor kind
     "self_attn.q_norm.weight": T.ATTN_Q_NORM,
     "self_attn.k_norm.weight": T.ATTN_K_NORM,
 }
-_EXPERT_TENSORS = {"gate_proj": T.FFN_GATE_EXP, "up_proj": T.FFN_UP_EXP, "down_proj": T.FFN_DOWN_EXP}
+_EXPERT_TENSORS = {"gate_proj": T.FFN_GATE_EXP, "up_proj": T.FFN_UP_EXP,
+                   "down_proj": T.FFN_DOWN_EXP}
 _SHARED_EXPERT_TENSORS = {"gate_proj": T.FFN_GATE_SHEXP, "up_proj": T.FFN_UP_SHEXP,
                           "down_proj": T.FFN_DOWN_SHEXP}
 _DELTANET_TENSORS = {  # qwen3_next linear-attention layers, copied as stored
@@ -132,7 +167,7 @@ _DELTANET_TENSORS = {  # qwen3_next linear-attention layers, copied as stored
 }
 _SUFFIX = {T.SSM_DT: ".bias", T.SSM_A: ""}  # every other tensor is "<name>.weight"
 _ALWAYS_F32 = {T.FFN_GATE_INP, T.FFN_GATE_INP_SHEXP, T.SSM_CONV1D}
-_SKIPPED_PREFIXES = {"qwen3_next": ("mtp.",)}  # HF tensors deliberately not converted
+_SKIPPED_PREFIXES = {"qwen3_next": ("mtp.",), "qwen3_5_moe": ("mtp.", "model.visual.")}
 _OUTTYPES = {
     "f32": (gguf.GGMLQuantizationType.F32, gguf.LlamaFileType.ALL_F32),
     "bf16": (gguf.GGMLQuantizationType.BF16, gguf.LlamaFileType.MOSTLY_BF16),
@@ -189,6 +224,24 @@ def _qkvz_split(config: dict, part: str) -> Callable[[np.ndarray], np.ndarray]:
     return split
 
 
+def _tile_heads(config: dict, size: int, axis: int = 0, skip: int = 0,
+                pre: Callable[[np.ndarray], np.ndarray] | None = None
+                ) -> Callable[[np.ndarray], np.ndarray]:
+    """qwen3_5_moe: reorder the value-head blocks (``size`` entries each) along ``axis``, after
+    its first ``skip`` entries, from HF's grouped order (head g*r + j) to llama.cpp's tiled one
+    (position j*nk + g), after ``pre``."""
+    nk = config["linear_num_key_heads"]
+    r = config["linear_num_value_heads"] // nk
+
+    def tile(w: np.ndarray) -> np.ndarray:
+        w = np.moveaxis(pre(w) if pre else w, axis, 0)
+        v = w[skip:]
+        v = v.reshape(nk, r, size, *v.shape[1:]).swapaxes(0, 1).reshape(v.shape)
+        return np.ascontiguousarray(np.moveaxis(np.concatenate([w[:skip], v]), 0, axis))
+
+    return tile
+
+
 def _is_linear(config: dict, layer: int) -> bool:
     """qwen3_next: whether ``layer`` is a Gated DeltaNet layer (llama.cpp's interval rule)."""
     return (layer + 1) % config.get("full_attention_interval", 4) != 0
@@ -203,10 +256,13 @@ def _one(shapes: dict, hf: str, kind: gguf.MODEL_TENSOR, bid: int | None = None,
 
 
 def _experts(shapes: dict, config: dict, i: int) -> list[Planned]:
+    pre = f"{_PREFIX.get(config['model_type'], 'model.')}layers.{i}.mlp.experts."
+    if config["model_type"] == "qwen3_5_moe":  # fused, already stacked per expert
+        return [_one(shapes, pre + "gate_up_proj", T.FFN_GATE_UP_EXP, i),
+                _one(shapes, pre + "down_proj", T.FFN_DOWN_EXP, i)]
     out = []
     for proj, kind in _EXPERT_TENSORS.items():
-        names = [f"model.layers.{i}.mlp.experts.{e}.{proj}.weight"
-                 for e in range(config["num_experts"])]
+        names = [f"{pre}{e}.{proj}.weight" for e in range(config["num_experts"])]
         out.append(Planned(_name(kind, i), kind, names, (len(names), *shapes.get(names[0], ()))))
     return out
 
@@ -223,27 +279,55 @@ def _plan_qwen3_moe(config: dict, shapes: dict) -> list[Planned]:
     return plan
 
 
-def _plan_qwen3_next(config: dict, shapes: dict) -> list[Planned]:
-    hidden = config["hidden_size"]
+def _squeeze_conv(w: np.ndarray) -> np.ndarray:
+    """conv1d weight [C, 1, K] -> [C, K]."""
+    return w.reshape(w.shape[0], -1)
+
+
+def _linear_qwen3_next(shapes: dict, config: dict, i: int, pre: str) -> list[Planned]:
     nk, dk = config["linear_num_key_heads"], config["linear_key_head_dim"]
     vdim = config["linear_num_value_heads"] * config["linear_value_head_dim"]
+    qkvz, hidden = pre + "linear_attn.in_proj_qkvz.weight", config["hidden_size"]
+    return [_one(shapes, qkvz, T.ATTN_QKV, i, _qkvz_split(config, "qkv"),
+                 (2 * nk * dk + vdim, hidden)),
+            _one(shapes, qkvz, T.ATTN_GATE, i, _qkvz_split(config, "z"), (vdim, hidden)),
+            _one(shapes, pre + "linear_attn.conv1d.weight", T.SSM_CONV1D, i, _squeeze_conv,
+                 (2 * nk * dk + vdim, config["linear_conv_kernel_dim"])),
+            _one(shapes, pre + "linear_attn.A_log", T.SSM_A, i, _neg_exp),
+            *[_one(shapes, pre + s, k, i) for s, k in _DELTANET_TENSORS.items()]]
+
+
+def _linear_qwen3_5(shapes: dict, config: dict, i: int, pre: str) -> list[Planned]:
+    """The four split projections copied with their value heads tiled (see the docstring)."""
+    la, dv = pre + "linear_attn.", config["linear_value_head_dim"]
+    qk = 2 * config["linear_num_key_heads"] * config["linear_key_head_dim"]
+    conv = shapes.get(la + "conv1d.weight", (0,))[0], config["linear_conv_kernel_dim"]
+    one = _tile_heads(config, 1)
+    return [_one(shapes, la + "in_proj_qkv.weight", T.ATTN_QKV, i,
+                 _tile_heads(config, dv, skip=qk)),
+            _one(shapes, la + "in_proj_z.weight", T.ATTN_GATE, i, _tile_heads(config, dv)),
+            _one(shapes, la + "in_proj_b.weight", T.SSM_BETA, i, one),
+            _one(shapes, la + "in_proj_a.weight", T.SSM_ALPHA, i, one),
+            _one(shapes, la + "conv1d.weight", T.SSM_CONV1D, i,
+                 _tile_heads(config, dv, skip=qk, pre=_squeeze_conv), conv),
+            _one(shapes, la + "A_log", T.SSM_A, i, _tile_heads(config, 1, pre=_neg_exp)),
+            _one(shapes, la + "dt_bias", T.SSM_DT, i, one),
+            _one(shapes, la + "norm.weight", T.SSM_NORM, i),
+            _one(shapes, la + "out_proj.weight", T.SSM_OUT, i, _tile_heads(config, dv, axis=1))]
+
+
+def _plan_hybrid(config: dict, shapes: dict) -> list[Planned]:
+    """qwen3_next and qwen3_5_moe: they differ in the DeltaNet projections and the experts."""
+    hidden, family = config["hidden_size"], config["model_type"]
+    linear = _linear_qwen3_5 if family == "qwen3_5_moe" else _linear_qwen3_next
     plan = []
     for i in range(config["num_hidden_layers"]):
-        pre = f"model.layers.{i}."
+        pre = f"{_PREFIX.get(family, 'model.')}layers.{i}."
         plan.append(_one(shapes, pre + "input_layernorm.weight", T.ATTN_NORM, i, _plus_one))
         plan.append(_one(shapes, pre + "post_attention_layernorm.weight", T.ATTN_POST_NORM, i,
                          _plus_one))
         if _is_linear(config, i):
-            qkvz = pre + "linear_attn.in_proj_qkvz.weight"
-            plan.append(_one(shapes, qkvz, T.ATTN_QKV, i, _qkvz_split(config, "qkv"),
-                             (2 * nk * dk + vdim, hidden)))
-            plan.append(_one(shapes, qkvz, T.ATTN_GATE, i, _qkvz_split(config, "z"),
-                             (vdim, hidden)))
-            conv = pre + "linear_attn.conv1d.weight"
-            plan.append(_one(shapes, conv, T.SSM_CONV1D, i, lambda w: w.reshape(w.shape[0], -1),
-                             (2 * nk * dk + vdim, config["linear_conv_kernel_dim"])))
-            plan.append(_one(shapes, pre + "linear_attn.A_log", T.SSM_A, i, _neg_exp))
-            plan += [_one(shapes, pre + s, k, i) for s, k in _DELTANET_TENSORS.items()]
+            plan += linear(shapes, config, i, pre)
         else:
             for suffix, kind in _ATTN_TENSORS.items():
                 fn = _plus_one if kind in (T.ATTN_Q_NORM, T.ATTN_K_NORM) else None
@@ -271,11 +355,12 @@ def plan_tensors(config: dict, ckpt: SafetensorsCheckpoint) -> list[Planned]:
     shapes = {n: ckpt.shape(n) for n in ckpt.names()}
     plan: list[Planned] = []
     for hf, kind in _GLOBAL_TENSORS.items():
-        if hf == "lm_head.weight" and config.get("tie_word_embeddings"):
+        if kind == T.OUTPUT and config.get("tie_word_embeddings"):
             continue
-        plan.append(_one(shapes, hf, kind, fn=_plus_one if family == "qwen3_next" and
+        hf = hf if kind == T.OUTPUT else _PREFIX.get(family, "model.") + hf
+        plan.append(_one(shapes, hf, kind, fn=_plus_one if family in _HYBRID and
                          kind == T.OUTPUT_NORM else None))
-    plan += (_plan_qwen3_next if family == "qwen3_next" else _plan_qwen3_moe)(config, shapes)
+    plan += (_plan_hybrid if family in _HYBRID else _plan_qwen3_moe)(config, shapes)
     wanted = {n for p in plan for n in p.hf}
     have = set(shapes)
     if missing := sorted(wanted - have):
@@ -302,29 +387,45 @@ def _rope(config: dict) -> tuple[float, float, object]:
     return float(theta), float(partial), scaling
 
 
+def text_config(config: dict) -> dict:
+    """The config the converter reads: ``config.json`` itself, or for qwen3_5_moe (a multimodal
+    release) its ``text_config`` with the top-level ``model_type`` and ``tie_word_embeddings``."""
+    if config.get("model_type") != "qwen3_5_moe":
+        return config
+    if not isinstance(text := config.get("text_config"), dict):
+        raise ConversionError("qwen3_5_moe config.json has no text_config object")
+    return {**text, "model_type": "qwen3_5_moe",
+            "tie_word_embeddings": config.get("tie_word_embeddings", False)}
+
+
 def _check_config(config: dict) -> None:
     family = config.get("model_type")
     if family not in ARCHES:
         raise ConversionError(f"model_type {family!r} is not mapped (only {', '.join(ARCHES)})")
     arch = gguf.MODEL_ARCH_NAMES[ARCHES[family]]
-    if not config.get("norm_topk_prob", False):
-        raise ConversionError(f"norm_topk_prob=false: llama.cpp's {arch} always renormalises top-k")
     if (scaling := _rope(config)[2]) is not None:
         raise ConversionError(f"rope scaling {scaling!r} is not mapped")
-    if config.get("mlp_only_layers") or config.get("decoder_sparse_step", 1) != 1:
-        raise ConversionError(f"dense (mlp_only) layers are not supported by llama.cpp's {arch}")
     if config.get("attention_bias"):
         raise ConversionError("attention_bias=true is not mapped")
-    if family == "qwen3_next":
-        _check_qwen3_next(config)
+    if family in _HYBRID:
+        _check_hybrid(config)
+    if family == "qwen3_5_moe":  # every layer MoE, top-k always renormalised
+        if not config.get("attn_output_gate", True):
+            raise ConversionError(f"attn_output_gate=false: llama.cpp's {arch} always gates")
+        return
+    if not config.get("norm_topk_prob", False):
+        raise ConversionError(f"norm_topk_prob=false: llama.cpp's {arch} always renormalises top-k")
+    if config.get("mlp_only_layers") or config.get("decoder_sparse_step", 1) != 1:
+        raise ConversionError(f"dense (mlp_only) layers are not supported by llama.cpp's {arch}")
 
 
-def _check_qwen3_next(config: dict) -> None:
+def _check_hybrid(config: dict) -> None:
+    arch = gguf.MODEL_ARCH_NAMES[ARCHES[config["model_type"]]]
     if config.get("hidden_act", "silu") != "silu":
-        raise ConversionError(f"hidden_act {config['hidden_act']!r}: llama.cpp's qwen3next is silu")
+        raise ConversionError(f"hidden_act {config['hidden_act']!r}: llama.cpp's {arch} is silu")
     nk, nv = config["linear_num_key_heads"], config["linear_num_value_heads"]
     if config["linear_key_head_dim"] != config["linear_value_head_dim"]:
-        raise ConversionError("linear_key_head_dim != linear_value_head_dim: llama.cpp's qwen3next "
+        raise ConversionError(f"linear_key_head_dim != linear_value_head_dim: llama.cpp's {arch} "
                               "reads both from ssm.state_size")
     if nv % nk:
         raise ConversionError(f"linear_num_value_heads {nv} is not a multiple of "
@@ -342,7 +443,8 @@ def _write_metadata(w: gguf.GGUFWriter, config: dict, model_dir: Path, ftype) ->
     w.add_block_count(config["num_hidden_layers"])
     w.add_context_length(config["max_position_embeddings"])
     w.add_embedding_length(config["hidden_size"])
-    w.add_feed_forward_length(config["intermediate_size"])
+    if "intermediate_size" in config:  # qwen3_5_moe has no dense FFN width
+        w.add_feed_forward_length(config["intermediate_size"])
     w.add_head_count(config["num_attention_heads"])
     w.add_head_count_kv(config["num_key_value_heads"])
     head_dim = config.get("head_dim", config["hidden_size"] // config["num_attention_heads"])
@@ -354,7 +456,7 @@ def _write_metadata(w: gguf.GGUFWriter, config: dict, model_dir: Path, ftype) ->
     w.add_expert_count(config["num_experts"])
     w.add_expert_used_count(config["num_experts_per_tok"])
     w.add_expert_feed_forward_length(config["moe_intermediate_size"])
-    if config["model_type"] == "qwen3_next":
+    if config["model_type"] in _HYBRID:
         w.add_rope_dimension_count(int(head_dim * partial))
         w.add_expert_shared_feed_forward_length(config["shared_expert_intermediate_size"])
         w.add_full_attention_interval(config.get("full_attention_interval", 4))
@@ -363,6 +465,9 @@ def _write_metadata(w: gguf.GGUFWriter, config: dict, model_dir: Path, ftype) ->
         w.add_ssm_group_count(config["linear_num_key_heads"])
         w.add_ssm_time_step_rank(config["linear_num_value_heads"])
         w.add_ssm_inner_size(config["linear_num_value_heads"] * config["linear_value_head_dim"])
+    if config["model_type"] == "qwen3_5_moe":  # M-RoPE equal to 1-D RoPE on text (docstring)
+        pairs = int(head_dim * partial) // 2
+        w.add_rope_dimension_sections([-(-(pairs - k) // 3) for k in range(3)] + [0])
     w.add_file_type(ftype)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
 
@@ -405,8 +510,8 @@ def _encode(ckpt: SafetensorsCheckpoint, p: Planned, qtype) -> np.ndarray:
 
 def convert(model_dir: str | Path, out_path: str | Path, outtype: str = "f32",
             log=print) -> Path:
-    """Write ``out_path`` (GGUF, arch ``qwen3moe`` or ``qwen3next``) from the checkpoint in
-    ``model_dir``.
+    """Write ``out_path`` (GGUF, arch ``qwen3moe``, ``qwen3next`` or ``qwen35moe``) from the
+    checkpoint in ``model_dir``.
 
     Args:
         model_dir: HF checkpoint directory (config.json, safetensors, tokenizer.json).
@@ -425,7 +530,7 @@ def convert(model_dir: str | Path, out_path: str | Path, outtype: str = "f32",
     if outtype not in _OUTTYPES:
         raise ConversionError(f"outtype {outtype!r}; expected one of {', '.join(_OUTTYPES)}")
     qtype, ftype = _OUTTYPES[outtype]
-    config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    config = text_config(json.loads((model_dir / "config.json").read_text(encoding="utf-8")))
     _check_config(config)
     ckpt = SafetensorsCheckpoint(model_dir)
     plan = plan_tensors(config, ckpt)

@@ -13,8 +13,8 @@ server is started on a free 127.0.0.1 port with the same settings as the binding
 no flash attention, batch 512, one slot) and stopped at the end; its tokenizer is
 ``/tokenize`` (``add_special: false, parse_special: true``) and a step's log-softmax comes from a
 ``/completion`` of one token with ``n_probs`` covering the whole vocabulary. The GGUF's
-architecture does not matter here (qwen3moe and qwen3next both go through it). Checks, all on
-identical token ids:
+architecture does not matter here (qwen3moe, qwen3next and qwen35moe all go through it).
+Checks, all on identical token ids:
 
 1. Tokenizer: llama.cpp's ``tokenize(text, add_bos=False, special=True)`` of every text and of
    every rendered chat prompt equals FreeToken's ids.

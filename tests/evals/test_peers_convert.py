@@ -1,6 +1,8 @@
-"""``evals/peers/convert_gguf.py`` on the tiny qwen3_next checkpoint: the GGUF holds the tensors,
-shapes and keys llama.cpp's ``qwen3next`` loader asks for, and its regrouped tensors give the
-same q/k/v/z/b/a as the Hugging Face model's own split.
+"""``evals/peers/convert_gguf.py`` on the tiny qwen3_next and qwen3_5_moe checkpoints: the GGUF
+holds the tensors, shapes and keys llama.cpp's ``qwen3next`` / ``qwen35moe`` loaders ask for; the
+regrouped qwen3_next tensors give the same q/k/v/z/b/a as the Hugging Face model's own split, and
+the qwen3_5_moe DeltaNet layer computed from the GGUF tensors the way llama.cpp's graph does
+(value heads reading key heads by tiling) equals the Hugging Face layer.
 
 The converter needs the ``gguf`` package, which lives in the peer venv of
 ``evals/peers/build_llamacpp_tools.sh`` (``$FREETOKEN_CACHE/peers/llamacpp-tools-0.3.36/
@@ -23,6 +25,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextGatedDeltaNet
+from transformers.models.qwen3_5_moe.configuration_qwen3_5_moe import Qwen3_5MoeTextConfig
+from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import Qwen3_5MoeGatedDeltaNet
 
 from freetoken.models.tiny import cached_tiny
 
@@ -195,6 +199,153 @@ def test_unmappable_configs_are_refused(tiny_next: Path, tmp_path: Path, change:
     for name in ("model.safetensors", "tokenizer.json", "tokenizer_config.json"):
         (tmp_path / name).symlink_to(tiny_next / name)
     config = json.loads((tiny_next / "config.json").read_text()) | change
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    res = subprocess.run([str(GGUF_PYTHON), str(CONVERT), str(tmp_path), str(tmp_path / "o.gguf")],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and message in res.stderr, res.stderr
+    assert not (tmp_path / "o.gguf").exists()
+
+
+@pytest.fixture(scope="module")
+def tiny_35() -> Path:
+    return cached_tiny("qwen3_5_moe", "tiny")
+
+
+@pytest.fixture(scope="module")
+def converted_35(tiny_35: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    root = tmp_path_factory.mktemp("gguf35")
+    return {t: _convert(tiny_35, root / t, t) for t in ("f32", "bf16")}
+
+
+def _expected_tensors_35(c: dict) -> dict[str, list[int]]:
+    """Name -> ggml ne of every tensor llama.cpp's qwen35moe ``load_arch_tensors`` creates (fused
+    gate_up experts, split beta / alpha; no vision tower, no MTP block)."""
+    h, e, fe = c["hidden_size"], c["num_experts"], c["moe_intermediate_size"]
+    nv, dv = c["linear_num_value_heads"], c["linear_value_head_dim"]
+    out = {}
+    for name, ne in _expected_tensors(c).items():
+        if "ffn_gate_exps" in name:
+            out[name.replace("gate_exps", "gate_up_exps")] = [h, 2 * fe, e]
+        elif "ssm_ba" in name:
+            out |= {name.replace("ba", "beta"): [h, nv], name.replace("ba", "alpha"): [h, nv]}
+        elif "ffn_up_exps" not in name:
+            out[name] = ne
+    assert out["blk.0.attn_gate.weight"] == [h, nv * dv]
+    return out
+
+
+def test_qwen3_5_tensors_and_keys_are_what_llama_cpp_qwen35moe_loads(tiny_35: Path,
+                                                                    converted_35: dict) -> None:
+    raw = json.loads((tiny_35 / "config.json").read_text())
+    c = raw["text_config"] | {"full_attention_interval": 4}
+    meta, _ = converted_35["f32"]
+    assert {k: v[0] for k, v in meta["tensors"].items()} == _expected_tensors_35(c)
+    kv = meta["meta"]
+    assert kv["general.architecture"] == "qwen35moe"
+    assert {k.removeprefix("qwen35moe."): kv[k] for k in kv if k.startswith("qwen35moe.")} == {
+        "block_count": 4, "context_length": 262144, "embedding_length": 256,
+        "attention.head_count": 4, "attention.head_count_kv": 2,
+        "attention.key_length": 64, "attention.value_length": 64, "rope.freq_base": 1e7,
+        "attention.layer_norm_rms_epsilon": pytest.approx(1e-6), "expert_count": 16,
+        "expert_used_count": 4, "expert_feed_forward_length": 128,
+        "rope.dimension_count": 16, "rope.dimension_sections": [3, 3, 2, 0],
+        "expert_shared_feed_forward_length": 128, "full_attention_interval": 4,
+        "ssm.conv_kernel": 4, "ssm.state_size": 64, "ssm.group_count": 2,
+        "ssm.time_step_rank": 4, "ssm.inner_size": 256}
+    types = {k: v[1] for k, v in converted_35["bf16"][0]["tensors"].items()}
+    assert types["blk.0.ssm_conv1d.weight"] == types["blk.0.ssm_norm.weight"] == "F32"
+    assert types["blk.0.attn_qkv.weight"] == types["blk.0.ffn_gate_up_exps.weight"] == "BF16"
+    f32, bf16 = converted_35["f32"][1], converted_35["bf16"][1]
+    assert all(np.array_equal(x, bf16[name]) for name, x in f32.items())  # exact for bf16 weights
+
+
+def test_qwen3_5_copied_tensors_and_norms(tiny_35: Path, converted_35: dict) -> None:
+    hf = {k: t.float().numpy() for k, t in load_file(tiny_35 / "model.safetensors").items()}
+    arrays, m = converted_35["f32"][1], "model.language_model."
+    np.testing.assert_array_equal(arrays["token_embd.weight"], hf[m + "embed_tokens.weight"])
+    np.testing.assert_array_equal(arrays["output.weight"], hf["lm_head.weight"])
+    np.testing.assert_array_equal(arrays["output_norm.weight"], hf[m + "norm.weight"] + 1)
+    np.testing.assert_array_equal(arrays["blk.3.attn_q_norm.weight"],
+                                  hf[m + "layers.3.self_attn.q_norm.weight"] + 1)
+    np.testing.assert_array_equal(arrays["blk.3.attn_q.weight"],
+                                  hf[m + "layers.3.self_attn.q_proj.weight"])
+    np.testing.assert_array_equal(arrays["blk.1.ffn_gate_up_exps.weight"],
+                                  hf[m + "layers.1.mlp.experts.gate_up_proj"])
+    np.testing.assert_array_equal(arrays["blk.1.ffn_down_exps.weight"],
+                                  hf[m + "layers.1.mlp.experts.down_proj"])
+    np.testing.assert_array_equal(arrays["blk.0.ssm_norm.weight"],
+                                  hf[m + "layers.0.linear_attn.norm.weight"])
+
+
+def _deltanet(t: dict, x: np.ndarray, key_head, eps: float) -> np.ndarray:
+    """A Gated DeltaNet layer (no cache) in float64 from GGUF-named tensors ``t``: value head h
+    reads key head ``key_head(h)``; the recurrence of ggml's ``gated_delta_net`` op."""
+    n, (kernel, channels) = len(x), t["ssm_conv1d.weight"].shape[::-1]
+    nv, dv = t["ssm_a"].shape[0], t["ssm_norm.weight"].shape[0]
+    dk = dv  # ssm.state_size
+    nk = (channels - nv * dv) // (2 * dk)
+    mixed = np.concatenate([np.zeros((kernel - 1, channels)), x @ t["attn_qkv.weight"].T])
+    conv = sum(mixed[i:i + n] * t["ssm_conv1d.weight"][:, i] for i in range(kernel))
+    conv = conv / (1 + np.exp(-conv))
+    q, k = (conv[:, s * nk * dk:(s + 1) * nk * dk].reshape(n, nk, dk) for s in (0, 1))
+    q, k = (a / np.sqrt((a * a).sum(-1, keepdims=True) + eps) for a in (q, k))
+    v = conv[:, 2 * nk * dk:].reshape(n, nv, dv)
+    beta = 1 / (1 + np.exp(-(x @ t["ssm_beta.weight"].T)))
+    decay = np.exp(np.log1p(np.exp(x @ t["ssm_alpha.weight"].T + t["ssm_dt.bias"])) * t["ssm_a"])
+    state, out = np.zeros((nv, dk, dv)), np.zeros((n, nv, dv))
+    for i in range(n):
+        for h in range(nv):
+            kh, qh = k[i, key_head(h)], q[i, key_head(h)] / np.sqrt(dk)
+            state[h] *= decay[i, h]
+            state[h] += np.outer(kh, (v[i, h] - kh @ state[h]) * beta[i, h])
+            out[i, h] = qh @ state[h]
+    out = out / np.sqrt((out * out).mean(-1, keepdims=True) + eps) * t["ssm_norm.weight"]
+    z = (x @ t["attn_gate.weight"].T).reshape(n, nv, dv)
+    return (out * z / (1 + np.exp(-z))).reshape(n, -1) @ t["ssm_out.weight"].T
+
+
+def test_qwen3_5_deltanet_with_tiled_heads_equals_the_hf_layer(tiny_35: Path,
+                                                              converted_35: dict) -> None:
+    c = json.loads((tiny_35 / "config.json").read_text())["text_config"]
+    hf = load_file(tiny_35 / "model.safetensors")
+    la = "model.language_model.layers.0.linear_attn."
+    layer = Qwen3_5MoeGatedDeltaNet(Qwen3_5MoeTextConfig(**c), 0).float()
+    layer.load_state_dict({k.removeprefix(la): w.float() for k, w in hf.items()
+                           if k.startswith(la)})
+    x = torch.randn(1, 6, c["hidden_size"], generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want = layer(x)[0].double().numpy()
+    nk, nv = c["linear_num_key_heads"], c["linear_num_value_heads"]
+    r, eps, x64 = nv // nk, c["rms_norm_eps"], x[0].double().numpy()
+    arrays = converted_35["f32"][1]
+    gguf_t = {k.removeprefix("blk.0."): a.astype(np.float64) for k, a in arrays.items()
+              if k.startswith("blk.0.")}
+    tiled = _deltanet(gguf_t, x64, lambda h: h % nk, eps)  # llama.cpp's ggml_repeat broadcast
+    np.testing.assert_allclose(tiled, want, rtol=0, atol=2e-5 * np.abs(want).max())
+    # the reference itself is the HF layer on the HF order (value head j reads key head j // r)
+    names = {"attn_qkv.weight": "in_proj_qkv.weight", "attn_gate.weight": "in_proj_z.weight",
+             "ssm_beta.weight": "in_proj_b.weight", "ssm_alpha.weight": "in_proj_a.weight",
+             "ssm_dt.bias": "dt_bias", "ssm_out.weight": "out_proj.weight"}
+    hf_t = gguf_t | {k: hf[la + n].double().numpy() for k, n in names.items()} | {
+        "ssm_conv1d.weight": hf[la + "conv1d.weight"][:, 0].double().numpy(),
+        "ssm_a": -hf[la + "A_log"].double().exp().numpy()}
+    grouped = _deltanet(hf_t, x64, lambda h: h // r, eps)
+    np.testing.assert_allclose(grouped, want, rtol=0, atol=2e-5 * np.abs(want).max())
+    assert np.abs(_deltanet(hf_t, x64, lambda h: h % nk, eps) - want).max() > 1e-2 * np.abs(
+        want).max()  # without the reorder the tiled broadcast pairs the wrong heads
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"attn_output_gate": False}, "attn_output_gate=false: llama.cpp's qwen35moe"),
+    ({"linear_num_value_heads": 3}, "linear_num_value_heads 3 is not a multiple"),
+    ({"layer_types": ["full_attention"] * 4}, "layer_types is not the full_attention_interval"),
+])
+def test_unmappable_qwen3_5_configs_are_refused(tiny_35: Path, tmp_path: Path, change: dict,
+                                               message: str) -> None:
+    for name in ("model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+        (tmp_path / name).symlink_to(tiny_35 / name)
+    config = json.loads((tiny_35 / "config.json").read_text())
+    config["text_config"] |= change
     (tmp_path / "config.json").write_text(json.dumps(config))
     res = subprocess.run([str(GGUF_PYTHON), str(CONVERT), str(tmp_path), str(tmp_path / "o.gguf")],
                          capture_output=True, text=True, timeout=120)
