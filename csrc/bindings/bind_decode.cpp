@@ -38,18 +38,27 @@ void attention_weights(DecodeAttentionProblem& p, const std::string& dtype, int6
                        const py::handle& qkv_w, const py::handle& o_w, const py::handle& q_norm,
                        const py::handle& k_norm, int64_t num_heads, int64_t num_kv_heads,
                        bool gated, double eps, double scale, const py::handle& input_norm,
-                       double input_eps, std::vector<TensorArg>& keep) {
+                       double input_eps, std::vector<TensorArg>& keep,
+                       const py::handle& qkv_bias) {
   const std::vector<std::string> same = {dtype};
   TensorArg qa = check_tensor(qkv_w, "qkv_w", "[rows, H]", 2, same);
   TensorArg oa = check_tensor(o_w, "o_w", "[H, nh * hd]", 2, same);
-  TensorArg qn = check_tensor(q_norm, "q_norm", "[hd]", 1, {"float32"});
-  TensorArg kn = check_tensor(k_norm, "k_norm", "[hd]", 1, {"float32"});
   if (num_kv_heads < 1 || num_heads % num_kv_heads != 0) {
     fail("num_heads " + std::to_string(num_heads) + " is not a multiple of num_kv_heads " +
          std::to_string(num_kv_heads));
   }
-  const int64_t hd = qn.shape[0], nq = num_heads * hd, q_rows = nq * (gated ? 2 : 1);
-  if (hd < 1 || kn.shape[0] != hd) fail("q_norm / k_norm must be [hd]");
+  if (q_norm.is_none() != k_norm.is_none()) fail("q_norm and k_norm must both be given or None");
+  const bool norms = !q_norm.is_none();
+  // rows = hd * (nh * (gated ? 2 : 1) + 2 * nkv): head_dim from the norms, else from qkv_w
+  const int64_t per_hd = num_heads * (gated ? 2 : 1) + 2 * num_kv_heads;
+  TensorArg qn, kn;
+  if (norms) {
+    qn = check_tensor(q_norm, "q_norm", "[hd]", 1, {"float32"});
+    kn = check_tensor(k_norm, "k_norm", "[hd]", 1, {"float32"});
+  }
+  const int64_t hd = norms ? qn.shape[0] : qa.shape[0] / per_hd;
+  const int64_t nq = num_heads * hd, q_rows = nq * (gated ? 2 : 1);
+  if (hd < 1 || (norms && kn.shape[0] != hd)) fail("q_norm / k_norm must be [hd]");
   if (qa.shape[0] != q_rows + 2 * num_kv_heads * hd || qa.shape[1] != hidden) {
     fail("qkv_w " + shape_str(qa.shape) + " must be [" +
          std::to_string(q_rows + 2 * num_kv_heads * hd) + ", " + std::to_string(hidden) + "]");
@@ -66,13 +75,24 @@ void attention_weights(DecodeAttentionProblem& p, const std::string& dtype, int6
   p.bf16 = qa.is_bf16;
   p.qkv_w = qa.data;
   p.o_w = oa.data;
-  p.q_norm = fp32_data(qn);
-  p.k_norm = fp32_data(kn);
+  p.q_norm = norms ? fp32_data(qn) : nullptr;
+  p.k_norm = norms ? fp32_data(kn) : nullptr;
+  if (!qkv_bias.is_none()) {
+    TensorArg ba = check_tensor(qkv_bias, "qkv_bias", "[rows]", 1, {"float32"});
+    if (ba.shape[0] != qa.shape[0]) {
+      fail("qkv_bias " + shape_str(ba.shape) + " must be [" + std::to_string(qa.shape[0]) + "]");
+    }
+    p.qkv_bias = fp32_data(ba);
+    keep.push_back(std::move(ba));
+  }
   p.eps = static_cast<float>(eps);
   p.scale = static_cast<float>(scale);
   p.input_norm = input_norm_of(input_norm, hidden, keep);
   p.input_eps = static_cast<float>(input_eps);
-  for (TensorArg* a : {&qa, &oa, &qn, &kn}) keep.push_back(std::move(*a));
+  for (TensorArg* a : {&qa, &oa}) keep.push_back(std::move(*a));
+  if (norms) {
+    for (TensorArg* a : {&qn, &kn}) keep.push_back(std::move(*a));
+  }
 }
 
 void attention_step(DecodeAttentionProblem& p, int64_t batch, const py::handle& cos,
@@ -260,13 +280,13 @@ py::object attention_decode(const py::handle& x, const py::handle& qkv_w, const 
                             const py::handle& kv_slots, const py::handle& kv_offsets,
                             int64_t num_heads, int64_t num_kv_heads, bool gated, double eps,
                             double scale, const py::handle& input_norm, double input_eps,
-                            const std::optional<std::string>& isa) {
+                            const std::optional<std::string>& isa, const py::handle& qkv_bias) {
   TensorArg xa = check_tensor(x, "x", "[B, H]", 2, kDense);
   const int64_t B = xa.shape[0], H = xa.shape[1];
   std::vector<TensorArg> keep;
   DecodeAttentionProblem p;
   attention_weights(p, xa.dtype, H, qkv_w, o_w, q_norm, k_norm, num_heads, num_kv_heads, gated,
-                    eps, scale, input_norm, input_eps, keep);
+                    eps, scale, input_norm, input_eps, keep, qkv_bias);
   TensorArg pk = check_tensor(pool_k, "pool_k", "[slots, nkv, hd]", 3, {xa.dtype});
   TensorArg pv = check_tensor(pool_v, "pool_v", "[slots, nkv, hd]", 3, {xa.dtype});
   if (pk.shape != pv.shape || pk.shape[1] != num_kv_heads || pk.shape[2] != p.head_dim) {
@@ -347,7 +367,7 @@ void bind_decode(py::module_& m) {
         py::arg("pool_v"), py::arg("kv_slots"), py::arg("kv_offsets"), py::arg("num_heads"),
         py::arg("num_kv_heads"), py::arg("gated"), py::arg("eps"), py::arg("scale"),
         py::arg("input_norm") = py::none(), py::arg("input_eps") = 1e-6,
-        py::arg("isa") = py::none(),
+        py::arg("isa") = py::none(), py::arg("qkv_bias") = py::none(),
         "One decode step of a paged GQA attention layer for B sequences (freetoken/attention.h): "
         "writes the new K/V into pool_k / pool_v, returns the o_proj output [B, H] fp32 (with "
         "input_norm: x is the residual stream h, returns h + o_proj(attention(RMSNorm(h)))).");

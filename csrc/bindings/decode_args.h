@@ -17,12 +17,14 @@
 namespace freetoken::bindings {
 
 // The attention layer's weights and head layout into p (dtype: the model dtype name, hidden:
-// H); hd is q_norm's length. Tensors go to keep.
+// H); hd is q_norm's length, or follows from qkv_w's rows when q_norm / k_norm are None (no
+// q/k norm). qkv_bias: [rows] fp32 or None. Tensors go to keep.
 void attention_weights(DecodeAttentionProblem& p, const std::string& dtype, int64_t hidden,
                        const py::handle& qkv_w, const py::handle& o_w, const py::handle& q_norm,
                        const py::handle& k_norm, int64_t num_heads, int64_t num_kv_heads,
                        bool gated, double eps, double scale, const py::handle& input_norm,
-                       double input_eps, std::vector<TensorArg>& keep);
+                       double input_eps, std::vector<TensorArg>& keep,
+                       const py::handle& qkv_bias = py::none());
 
 // The step's RoPE tables and KV slots of B sequences into p (cos / sin [B, rot / 2] fp32 with
 // rot <= head_dim, kv_slots [N] int64, kv_offsets [B + 1] non-decreasing within [0, N]).

@@ -90,6 +90,13 @@ void attention_decode(const DecodeAttentionProblem& p, ThreadPool& pool) {
     if (p.bf16) round_to_bf16(v, n);
   };
   keep(qkv.data(), B * rows);
+  if (p.qkv_bias != nullptr) {
+    for (int64_t b = 0; b < B; ++b) {
+      float* row = qkv.data() + b * rows;
+      for (int64_t i = 0; i < rows; ++i) row[i] += p.qkv_bias[i];
+    }
+    keep(qkv.data(), B * rows);
+  }
 
   std::vector<float> q(B * nq);
   for (int64_t b = 0; b < B; ++b) {
@@ -98,8 +105,10 @@ void attention_decode(const DecodeAttentionProblem& p, ThreadPool& pool) {
     const float* sin = p.sin + b * half;
     for (int64_t h = 0; h < nh + nkv; ++h) {
       float* x = h < nh ? row + h * hd : row + q_rows + (h - nh) * hd;
-      rms_norm(x, hd, h < nh ? p.q_norm : p.k_norm, p.eps, 1.0f, x);
-      keep(x, hd);
+      if (p.q_norm != nullptr) {
+        rms_norm(x, hd, h < nh ? p.q_norm : p.k_norm, p.eps, 1.0f, x);
+        keep(x, hd);
+      }
       rotate(x, cos, sin, half);
       keep(x, hd);
     }

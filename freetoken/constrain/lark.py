@@ -12,7 +12,10 @@ the first place its text matches). The grammar mirrors what the chat templates r
   order (required ones always, optional ones maybe), ``<parameter=ARG>\\nVALUE\\n</parameter>\\n``,
   then ``</function>\\n`` ``</tool_call>``. A parameter whose schema accepts a string is written
   as raw text (enum/const choices, a pattern, min/maxLength honoured; it never contains
-  ``</parameter>``), any other as JSON of its schema.
+  ``</parameter>``), any other as JSON of its schema;
+* glm form (GLM-4.5): ``<tool_call>`` ``NAME\n`` then for each declared parameter, in schema
+  order, ``<arg_key>ARG</arg_key>\n<arg_value>VALUE</arg_value>\n`` (VALUE as in the xml form,
+  ending at ``</arg_value>``), then ``</tool_call>``.
 
 Schemas are made strict before compiling: an object schema that lists ``properties`` and does not
 say ``additionalProperties`` gets ``additionalProperties: false`` (xgrammar / vLLM strict mode),
@@ -24,7 +27,8 @@ Around the calls: with ``reasoning`` the grammar starts with free text (no speci
 allowed (an answer is not a call, so it cannot be the whole output of a forced choice).
 
 Tags that are single added tokens of the tokenizer (``<tool_call>``, ``</tool_call>``,
-``</think>`` in the Qwen vocabularies) are written as token references: llguidance's Hugging Face
+``</think>`` in the Qwen vocabularies, GLM's ``<arg_key>`` / ``<arg_value>`` pairs too) are
+written as token references: llguidance's Hugging Face
 loader marks every added token special, so such a token never matches the same text written as a
 string literal. Tags the tokenizer lacks are written as text. A ``$ref`` is resolved only to
 decide whether an XML value is raw text (the parser does not resolve it: an enum value that
@@ -50,6 +54,8 @@ JSON_OPTIONS = {
 """llguidance ``x-guidance`` options of every embedded JSON schema: Jinja ``tojson`` spacing."""
 
 TOOL_OPEN, TOOL_CLOSE, THINK_CLOSE = "<tool_call>", "</tool_call>", "</think>"
+ARG_KEY_OPEN, ARG_KEY_CLOSE = "<arg_key>", "</arg_key>"
+ARG_VALUE_OPEN, ARG_VALUE_CLOSE = "<arg_value>", "</arg_value>"
 _PARAM_CLOSE = "\n</parameter>\n"
 _NOT_PARAM_CLOSE = r"~/(.|\n)*<\/parameter>(.|\n)*/"
 _DEF_KEYS = ("$defs", "definitions")
@@ -144,8 +150,9 @@ def _string_schema(schema: dict, root: dict) -> dict | None:
     return None
 
 
-def _text_terminal(schema: dict) -> str:
-    """Regex terminal body of a raw XML string value (never containing ``</parameter>``)."""
+def _text_terminal(schema: dict, excluded: str | None = _NOT_PARAM_CLOSE) -> str:
+    """Regex terminal body of a raw string value (never containing ``</parameter>``, or what
+    ``excluded`` refuses; None: no exclusion, the value ends at a special token)."""
     lo = schema.get("minLength", 0)
     hi = schema.get("maxLength")
     lo = lo if isinstance(lo, int) and lo >= 0 else 0
@@ -160,12 +167,15 @@ def _text_terminal(schema: dict) -> str:
         if pattern.endswith("$") and not pattern.endswith("\\$"):
             pattern = pattern[:-1]
         parts.append("/" + llguidance.regex_to_lark(pattern, "dw") + "/")
-    return " & ".join(parts + [_NOT_PARAM_CLOSE])
+    return " & ".join(parts + ([excluded] if excluded else []))
 
 
-def _xml_value(rule: str, schema: dict, root: dict, out: list[str]) -> None:
+def _xml_value(rule: str, schema: dict, root: dict, out: list[str],
+               close: str = _lit(_PARAM_CLOSE), excluded: str | None = _NOT_PARAM_CLOSE) -> None:
+    """Rules of one argument value: raw text for a string schema, else JSON, then ``close``
+    (a Lark expression). ``excluded``: what raw text may not contain (the closing tag written as
+    text, the value then ends lazily at it), or None when the closing tag is a special token."""
     text = _string_schema(schema, root)
-    close = _lit(_PARAM_CLOSE)
     if text is None:
         sub = close_objects(schema)
         defs = {k: root[k] for k in _DEF_KEYS if k in root and k not in sub}
@@ -182,8 +192,8 @@ def _xml_value(rule: str, schema: dict, root: dict, out: list[str]) -> None:
         out.append(f"{rule}: ({' | '.join(literals)}) {close}")
         return
     term = rule.upper() + "_TEXT"
-    out.append(f"{rule}[lazy]: {term} {close}")
-    out.append(f"{term}: {_text_terminal(text)}")
+    out.append(f"{rule}{'[lazy]' if excluded else ''}: {term} {close}")
+    out.append(f"{term}: {_text_terminal(text, excluded)}")
 
 
 def _xml_call(i: int, name: str, schema: dict, out: list[str]) -> str:
@@ -199,6 +209,34 @@ def _xml_call(i: int, name: str, schema: dict, out: list[str]) -> str:
         _xml_value(f"{rule}_value", sub if isinstance(sub, dict) else {}, schema, out)
         seq.append(rule if arg in required else f"{rule}?")
     return " ".join([_lit(f"\n<function={name}>\n"), *seq, _lit("</function>\n")])
+
+
+def _glm_call(i: int, name: str, schema: dict, out: list[str], tag: Callable[[str], str],
+              tag_ref: TagRef) -> str:
+    """``NAME\n`` then per declared argument (schema order, optional ones maybe)
+    ``<arg_key>ARG</arg_key>\n<arg_value>VALUE</arg_value>\n``, as the GLM template writes."""
+    _valid_xml_name(name, "tool name")
+    props = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
+    required = set(schema.get("required") or [])
+    close_ref = tag_ref(ARG_VALUE_CLOSE)
+    excluded = None if close_ref else _not_containing(ARG_VALUE_CLOSE)
+    close = f"{tag(ARG_VALUE_CLOSE)} {_lit(chr(10))}"
+    seq = []
+    for j, (arg, sub) in enumerate(props.items()):
+        _valid_xml_name(arg, f"tool {name!r} parameter")
+        rule = f"param_{i}_{j}"
+        key = f"{tag(ARG_KEY_OPEN)} {_lit(arg)} {tag(ARG_KEY_CLOSE)} {_lit(chr(10))}"
+        out.append(f"{rule}: {key} {tag(ARG_VALUE_OPEN)} {rule}_value")
+        _xml_value(f"{rule}_value", sub if isinstance(sub, dict) else {}, schema, out, close,
+                   excluded)
+        seq.append(rule if arg in required else f"{rule}?")
+    return " ".join([_lit(f"{name}\n"), *seq])
+
+
+def _not_containing(text: str) -> str:
+    """A Lark regex refusing any string that contains ``text``."""
+    escaped = "".join("\\" + c if c in "\\.+*?()|[]{}^$/" else c for c in text)
+    return rf"~/(.|\n)*{escaped}(.|\n)*/"
 
 
 def grammar_text(spec: ToolCallGrammar, tag_ref: TagRef = _no_tags) -> str:
@@ -236,6 +274,8 @@ def grammar_text(spec: ToolCallGrammar, tag_ref: TagRef = _no_tags) -> str:
             head = _lit("\n{" + f'"name": {name}, "arguments": ')
             body = f"{head} args_{i} {_ARGS_CLOSE}"
             rules.append(f"args_{i}: {_json_rule(schema)}")
+        elif spec.form == "glm":
+            body = _glm_call(i, tool.name, schema, rules, tag, tag_ref)
         else:
             body = _xml_call(i, tool.name, schema, rules)
         rules.append(f"call_{i}: {tag(TOOL_OPEN)} {body} {tag(TOOL_CLOSE)}")

@@ -5,12 +5,14 @@ A :class:`ToolCallGrammar` is what the HTTP layer puts on ``SamplingParams.gramm
 ``tool``). It is plain, frozen and hashable data (tool schemas are kept as JSON text), so the
 engine can cache the compiled grammar by it; nothing here imports the grammar library.
 
-Call forms (the two the output parser reads, see :mod:`freetoken.parsers.toolcall`):
+Call forms (the three the output parser reads, see :mod:`freetoken.parsers.toolcall`):
 
 * ``"json"``: Qwen3 / Qwen3-Next / Hermes,
   ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``;
 * ``"xml"``: Qwen3.5 / Qwen3-Coder, ``<tool_call>\\n<function=NAME>\\n<parameter=ARG>\\nVALUE\\n
-  </parameter>\\n</function>\\n</tool_call>``.
+  </parameter>\\n</function>\\n</tool_call>``;
+* ``"glm"``: GLM-4.5, ``<tool_call>NAME\\n<arg_key>ARG</arg_key>\\n<arg_value>VALUE
+  </arg_value>\\n</tool_call>``.
 """
 
 from __future__ import annotations
@@ -20,8 +22,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-CallForm = Literal["json", "xml"]
-CALL_FORMS: tuple[str, ...] = ("json", "xml")
+CallForm = Literal["json", "xml", "glm"]
+CALL_FORMS: tuple[str, ...] = ("json", "xml", "glm")
 
 
 class GrammarError(ValueError):
@@ -54,7 +56,7 @@ class ToolCallGrammar:
     End of sequence is allowed only once at least one call is complete.
 
     Attributes:
-        form: the call form of the model's chat template (``"json"`` or ``"xml"``).
+        form: the call form of the model's chat template (``"json"``, ``"xml"`` or ``"glm"``).
         tools: the tools a call may use (one for a named ``tool_choice``), unique names.
         reasoning: the prompt opened a think block (``Prompt.in_reasoning``): the model finishes
             its reasoning freely and the calls follow ``</think>``.

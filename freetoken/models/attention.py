@@ -73,8 +73,12 @@ class AttnContext:
 class Attention(nn.Module):
     """GQA attention with q/k RMSNorm and RoPE; ``gated=True`` for Qwen3-Next.
 
+    GLM-4.5 (transformers ``Glm4MoeAttention``) adds q/k/v biases and makes the q/k norms
+    optional (``config.attention_bias``, ``config.qk_norm``).
+
     Args:
-        config: model config (heads, head_dim, rms_norm_eps, zero_centered_norms).
+        config: model config (heads, head_dim, rms_norm_eps, zero_centered_norms,
+            attention_bias, qk_norm).
         gated: Qwen3-Next output gate (q_proj twice as wide, per-head ``[q | gate]``).
         dtype, device: parameter dtype/device.
     """
@@ -94,9 +98,15 @@ class Attention(nn.Module):
             torch.empty(config.hidden_size, self.nh * self.hd, dtype=dtype, device=device),
             requires_grad=False,
         )
+        self.qkv_bias = None
+        if config.attention_bias:
+            self.qkv_bias = nn.Parameter(torch.empty(rows, dtype=dtype, device=device),
+                                         requires_grad=False)
         zc = config.zero_centered_norms
-        self.q_norm = RMSNorm(self.hd, config.rms_norm_eps, zc, device)
-        self.k_norm = RMSNorm(self.hd, config.rms_norm_eps, zc, device)
+        self.q_norm = self.k_norm = None
+        if config.qk_norm:
+            self.q_norm = RMSNorm(self.hd, config.rms_norm_eps, zc, device)
+            self.k_norm = RMSNorm(self.hd, config.rms_norm_eps, zc, device)
         self.scale = self.hd**-0.5
 
     def weight_targets(self, prefix: str) -> dict[str, WeightTarget]:
@@ -117,8 +127,14 @@ class Attention(nn.Module):
             prefix + "v_proj.weight": WeightTarget(self.qkv_weight[q + kv :]),
             prefix + "o_proj.weight": WeightTarget(self.o_weight),
         }
-        targets.update(self.q_norm.weight_targets(prefix + "q_norm.weight"))
-        targets.update(self.k_norm.weight_targets(prefix + "k_norm.weight"))
+        if self.qkv_bias is not None:
+            b = self.qkv_bias
+            targets[prefix + "q_proj.bias"] = WeightTarget(b[:q], rows)
+            targets[prefix + "k_proj.bias"] = WeightTarget(b[q : q + kv])
+            targets[prefix + "v_proj.bias"] = WeightTarget(b[q + kv :])
+        if self.q_norm is not None:
+            targets.update(self.q_norm.weight_targets(prefix + "q_norm.weight"))
+            targets.update(self.k_norm.weight_targets(prefix + "k_norm.weight"))
         return targets
 
     def forward(self, x: torch.Tensor, cache: KVCache, ctx: AttnContext) -> torch.Tensor:
@@ -134,10 +150,14 @@ class Attention(nn.Module):
         """
         t = x.shape[0]
         qkv = linear(x, self.qkv_weight)
+        if self.qkv_bias is not None:
+            qkv = qkv + self.qkv_bias
         nq = self.nh * self.hd
-        q = self.q_norm(qkv[:, :nq].view(t, self.nh, self.hd))
-        k = self.k_norm(qkv[:, self.q_rows : self.q_rows + self.kv_rows].view(t, self.nkv, self.hd))
+        q = qkv[:, :nq].view(t, self.nh, self.hd)
+        k = qkv[:, self.q_rows : self.q_rows + self.kv_rows].view(t, self.nkv, self.hd)
         v = qkv[:, self.q_rows + self.kv_rows :].view(t, self.nkv, self.hd)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         q = apply_rotary(q, ctx.cos, ctx.sin)
         k = apply_rotary(k, ctx.cos, ctx.sin)
         keys, values = cache.append(k, v)
@@ -179,12 +199,15 @@ class Attention(nn.Module):
             ``[B, H]`` residual stream after the attention block, in ``h``'s dtype.
         """
         pool, layer = caches[0].pool, caches[0].layer
+        norms = self.q_norm is not None
         out = paged_decode_attention(
-            h.contiguous(), self.qkv_weight, self.o_weight, self.q_norm.scale(),
-            self.k_norm.scale(), batch.cos, batch.sin, pool.k[layer], pool.v[layer],
-            batch.kv_slots, batch.kv_offsets, num_heads=self.nh, num_kv_heads=self.nkv,
-            gated=self.gated, eps=self.q_norm.eps, scale=self.scale, input_norm=norm.scale(),
-            input_eps=norm.eps)
+            h.contiguous(), self.qkv_weight, self.o_weight,
+            self.q_norm.scale() if norms else None, self.k_norm.scale() if norms else None,
+            batch.cos, batch.sin, pool.k[layer], pool.v[layer], batch.kv_slots,
+            batch.kv_offsets, num_heads=self.nh, num_kv_heads=self.nkv, gated=self.gated,
+            eps=self.q_norm.eps if norms else 1e-6, scale=self.scale, input_norm=norm.scale(),
+            input_eps=norm.eps,
+            qkv_bias=None if self.qkv_bias is None else self.qkv_bias.float())
         for cache in caches:
             cache.length += 1
         return out if h.dtype == torch.float32 else out.to(h.dtype)

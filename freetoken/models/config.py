@@ -1,8 +1,8 @@
 """The engine's flat, validated view of a Hugging Face ``config.json``.
 
-Follows the key tables of model-architectures.md §1.2 (Qwen3-Next), §1.3 (Qwen3.5-MoE) and §3
-(Qwen3-MoE) and the transformers config classes ``Qwen3NextConfig`` / ``Qwen3_5MoeTextConfig`` /
-``Qwen3MoeConfig`` (v5): the same defaults are used where a key may legitimately be absent
+Follows the key tables of model-architectures.md §1.2 (Qwen3-Next), §1.3 (Qwen3.5-MoE), §3
+(Qwen3-MoE) and §5.6 (GLM-4.5) and the transformers config classes ``Qwen3NextConfig`` /
+``Qwen3_5MoeTextConfig`` / ``Qwen3MoeConfig`` / ``Glm4MoeConfig`` (v5): the same defaults are used where a key may legitimately be absent
 (``head_dim``, ``attention_bias``, ``mlp_only_layers``, ...), every key that shapes the network is
 required. A multimodal release (Qwen3.5) is read from its ``text_config``.
 """
@@ -19,6 +19,7 @@ SUPPORTED_ARCHITECTURES: dict[str, str] = {
     "Qwen3NextForCausalLM": "qwen3_next",
     "Qwen3_5MoeForConditionalGeneration": "qwen3_5_moe",
     "Qwen3_5MoeForCausalLM": "qwen3_5_moe_text",
+    "Glm4MoeForCausalLM": "glm4_moe",
 }
 # config.json model_type -> the engine family (chat template, model class).
 FAMILY_OF_MODEL_TYPE = {"qwen3_5_moe_text": "qwen3_5_moe"}
@@ -83,12 +84,12 @@ class _Reader:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Flat engine view of a Qwen3-MoE / Qwen3-Next HF config.
+    """Flat engine view of a Qwen3-MoE / Qwen3-Next / Qwen3.5-MoE / GLM-4.5 HF config.
 
     Attributes:
         arch: ``architectures[0]`` (e.g. ``"Qwen3NextForCausalLM"``).
-        model_type: the family: ``"qwen3_moe"``, ``"qwen3_next"`` or ``"qwen3_5_moe"`` (also for
-            a text-only ``qwen3_5_moe_text`` config).
+        model_type: the family: ``"qwen3_moe"``, ``"qwen3_next"``, ``"qwen3_5_moe"`` (also for
+            a text-only ``qwen3_5_moe_text`` config) or ``"glm4_moe"``.
         vocab_size: embedding / lm_head rows V (may exceed the tokenizer size).
         hidden_size: H.
         num_hidden_layers: L.
@@ -112,6 +113,17 @@ class ModelConfig:
         torch_dtype: the checkpoint's stored dtype name (``"bfloat16"``...), informational.
         bos_token_id: or None.
         eos_token_ids: ids from ``eos_token_id`` (int or list), possibly empty.
+        attention_bias: q/k/v projections carry a bias (glm4_moe).
+        qk_norm: per-head q/k RMSNorm before RoPE (always for Qwen; ``use_qk_norm`` for GLM).
+        router_scoring: ``"softmax"`` (Qwen: softmax, top-k) or ``"sigmoid"`` (GLM, DeepSeek-V3
+            style: sigmoid scores plus ``e_score_correction_bias`` choose the experts within the
+            ``topk_group`` best of ``n_group`` groups; weights are the unbiased scores).
+        n_group, topk_group: expert groups and how many of them a token may use (sigmoid).
+        routed_scaling_factor: multiplies the (renormalised) routed weights (sigmoid).
+        shared_expert_gated: the shared expert is scaled by ``sigmoid(x @ shared_expert_gate)``
+            (Qwen) or added as is (GLM ``shared_experts``).
+        mtp_layers: multi-token-prediction layers the checkpoint stores as
+            ``model.layers.{L + i}`` (GLM ``num_nextn_predict_layers``), not loaded.
     """
 
     arch: str
@@ -145,6 +157,14 @@ class ModelConfig:
     torch_dtype: str | None
     bos_token_id: int | None
     eos_token_ids: tuple[int, ...]
+    attention_bias: bool = False
+    qk_norm: bool = True
+    router_scoring: str = "softmax"
+    n_group: int = 1
+    topk_group: int = 1
+    routed_scaling_factor: float = 1.0
+    shared_expert_gated: bool = True
+    mtp_layers: int = 0
 
     @property
     def rotary_dim(self) -> int:
@@ -209,13 +229,14 @@ class ModelConfig:
         config = _text_config(config) if model_type == "qwen3_5_moe" else config
         _refuse_quantized(config)
         model_type = FAMILY_OF_MODEL_TYPE.get(model_type, model_type)
-        qwen3_5 = model_type == "qwen3_5_moe"
+        qwen3_5, glm = model_type == "qwen3_5_moe", model_type == "glm4_moe"
         r = _Reader(config)
         if config.get("hidden_act", "silu") != "silu":
             raise ValueError(
                 f"config.json: 'hidden_act' {config['hidden_act']!r} is unsupported (only 'silu')"
             )
-        if r.bool("attention_bias", False):
+        attention_bias = r.bool("attention_bias", False)
+        if attention_bias and not glm:
             raise ValueError("config.json: 'attention_bias' true is unsupported")
         if r.bool("use_sliding_window", False):
             raise ValueError("config.json: 'use_sliding_window' true is unsupported")
@@ -244,7 +265,7 @@ class ModelConfig:
                     "config.json: 'linear_num_value_heads' is not a multiple of "
                     "'linear_num_key_heads'"
                 )
-        experts = r.int("num_experts", minimum=0)
+        experts = r.int("n_routed_experts" if glm else "num_experts", minimum=0)
         top_k = r.int("num_experts_per_tok")
         if experts and top_k > experts:
             raise ValueError(
@@ -253,6 +274,9 @@ class ModelConfig:
         # Qwen3.5-MoE: every layer is MoE and routing always renormalises (the v5 config class
         # drops these keys, so values left in a file are ignored as transformers does).
         mlp_only = [] if qwen3_5 else config.get("mlp_only_layers") or []
+        glm_fields = _glm_fields(r, experts, top_k) if glm else {}
+        if glm:  # the first first_k_dense_replace layers are dense
+            mlp_only = list(range(min(r.int("first_k_dense_replace", 1, minimum=0), layers)))
         if not isinstance(mlp_only, list) or any(type(i) is not int for i in mlp_only):
             raise ValueError(
                 f"config.json: 'mlp_only_layers' must be a list of layer indices, got {mlp_only!r}"
@@ -277,10 +301,12 @@ class ModelConfig:
             **gdn,
             num_experts=experts,
             num_experts_per_tok=top_k,
-            norm_topk_prob=True if qwen3_5 else r.bool("norm_topk_prob"),
+            norm_topk_prob=True if qwen3_5 else r.bool("norm_topk_prob", True if glm else None),
             moe_intermediate_size=r.int("moe_intermediate_size") if experts else 0,
             shared_expert_intermediate_size=(
-                r.int("shared_expert_intermediate_size") if next_ else 0
+                r.int("shared_expert_intermediate_size") if next_
+                else r.int("n_shared_experts", 1, minimum=0) * r.int("moe_intermediate_size")
+                if glm else 0
             ),
             intermediate_size=r.int("intermediate_size") if dense else 0,
             decoder_sparse_step=sparse_step,
@@ -292,6 +318,9 @@ class ModelConfig:
             torch_dtype=config.get("torch_dtype") or config.get("dtype"),
             bos_token_id=bos if isinstance(bos, int) and not isinstance(bos, bool) else None,
             eos_token_ids=eos_ids,
+            attention_bias=attention_bias,
+            qk_norm=r.bool("use_qk_norm", False) if glm else True,
+            **glm_fields,
         )
 
 
@@ -308,7 +337,8 @@ def _rope(config: dict, r: _Reader, model_type: str) -> tuple[float, float]:
     theta = params.get("rope_theta", config.get("rope_theta"))
     if isinstance(theta, bool) or not isinstance(theta, (int, float)) or theta <= 0:
         raise ValueError(f"config.json: missing or invalid 'rope_theta' ({theta!r})")
-    default_partial = 0.25 if model_type in HYBRID_FAMILIES else 1.0
+    default_partial = {"glm4_moe": 0.5}.get(model_type, 0.25 if model_type in HYBRID_FAMILIES
+                                                              else 1.0)
     partial = config.get("partial_rotary_factor", default_partial)
     partial = params.get("partial_rotary_factor", partial)
     if isinstance(partial, bool) or not isinstance(partial, (int, float)) or not 0 < partial <= 1:
@@ -324,6 +354,29 @@ def _rope(config: dict, r: _Reader, model_type: str) -> tuple[float, float]:
             raise ValueError(f"config.json: 'mrope_section' {section!r} must be non-negative "
                              f"integers summing to rotary_dim / 2 = {rotary // 2}")
     return float(theta), float(partial)
+
+
+def _glm_fields(r: _Reader, experts: int, top_k: int) -> dict:
+    """GLM-4.5's router and MTP keys (transformers ``Glm4MoeTopkRouter``), validated."""
+    groups = r.int("n_group", 1)
+    chosen = r.int("topk_group", 1)
+    if experts % groups or chosen > groups:
+        raise ValueError(f"config.json: 'n_group' {groups} must divide 'n_routed_experts' "
+                         f"{experts} and be >= 'topk_group' {chosen}")
+    if experts // groups < 2:
+        raise ValueError("config.json: each of 'n_group' groups needs at least 2 experts "
+                         "(a group scores by its two best)")
+    if top_k > chosen * (experts // groups):
+        raise ValueError(f"config.json: 'num_experts_per_tok' {top_k} exceeds the experts of "
+                         f"'topk_group' {chosen} groups")
+    return {
+        "router_scoring": "sigmoid",
+        "n_group": groups,
+        "topk_group": chosen,
+        "routed_scaling_factor": r.float("routed_scaling_factor", 1.0),
+        "shared_expert_gated": False,
+        "mtp_layers": r.int("num_nextn_predict_layers", 0, minimum=0),
+    }
 
 
 def _text_config(config: dict) -> dict:

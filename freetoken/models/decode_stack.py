@@ -53,7 +53,8 @@ def build_decode_stack(model) -> DecodeStack | None:
         if isinstance(mixer, GatedDeltaNet):
             if not mixer.decode_fits(probe):
                 return None
-        elif not isinstance(mixer, Attention) or not mixer.paged_decode_fits(probe):
+        elif (not isinstance(mixer, Attention) or not mixer.paged_decode_fits(probe)
+              or mixer.qkv_bias is not None or mixer.q_norm is None):  # not in the stack's spec
             return None
         layers.append((_mixer_spec(mixer, layer.input_norm, pool_layer),
                        _moe_spec(mlp, layer.post_norm)))

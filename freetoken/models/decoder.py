@@ -115,6 +115,8 @@ class DecoderLM(CausalLM):
             None keeps torch's setting. Defaults to 1 on machines with <= 4 CPUs.
     """
 
+    moe_class: type[SparseMoE] = SparseMoE  # the MoE block of every MoE layer
+
     def __init__(self, config: ModelConfig, dtype: torch.dtype = torch.float32,
                  device=None, experts_factory: ExpertsFactory | None = None) -> None:
         super().__init__()
@@ -139,7 +141,7 @@ class DecoderLM(CausalLM):
         for i in range(config.num_hidden_layers):
             if config.is_moe_layer(i):
                 experts = experts_factory(i, moe_layer) if experts_factory else None
-                mlp = SparseMoE(config, i, dtype, device, moe_layer, experts)
+                mlp = self.moe_class(config, i, dtype, device, moe_layer, experts)
                 moe_layer += 1
             else:
                 mlp = DenseMLP(h, config.intermediate_size, dtype, device)

@@ -30,6 +30,7 @@ INDEX_FILE = "model.safetensors.index.json"
 IGNORED_PREFIXES: tuple[str, ...] = ("mtp.", "model.visual.")
 TEXT_PREFIX = "model.language_model."
 _FUSED_EXPERTS = re.compile(r"(.*\.mlp\.experts)\.(gate_up_proj|down_proj)")
+_LAYER = re.compile(r"model\.layers\.(\d+)\.")
 _LIST_LIMIT = 8
 
 
@@ -70,11 +71,13 @@ class Checkpoint:
         path: the checkpoint directory.
         fused_experts: expand transformers-v5 fused expert tensors into per-expert names (the
             Qwen families' layout; a family whose fused tensors differ passes False).
+        mtp_from_layer: ignore ``model.layers.{i}.*`` for ``i >=`` this (the MTP layers GLM
+            stores after its last decoder layer), or None.
 
     Attributes:
         path: the checkpoint directory.
         files: canonical tensor name -> safetensors file holding it.
-        ignored: stored names that are not loaded (``mtp.*``, ``model.visual.*``).
+        ignored: stored names that are not loaded (``mtp.*``, ``model.visual.*``, MTP layers).
 
     Raises (constructor):
         FileNotFoundError: neither ``model.safetensors`` nor the index exists, or the index names
@@ -83,8 +86,10 @@ class Checkpoint:
             the index is absent from its shard.
     """
 
-    def __init__(self, path: str | Path, fused_experts: bool = True) -> None:
+    def __init__(self, path: str | Path, fused_experts: bool = True,
+                 mtp_from_layer: int | None = None) -> None:
         self.path = Path(path)
+        self._mtp_from = mtp_from_layer
         index = self.path / INDEX_FILE
         single = self.path / SINGLE_FILE
         if index.is_file():
@@ -112,7 +117,9 @@ class Checkpoint:
     def _add(self, name: str, file: Path, shape: tuple[int, ...], dtype: str,
              fused_experts: bool) -> None:
         """Register stored tensor ``name`` under its canonical name(s)."""
-        if name.startswith(IGNORED_PREFIXES):
+        layer = _LAYER.match(name)
+        if name.startswith(IGNORED_PREFIXES) or (
+                self._mtp_from is not None and layer and int(layer.group(1)) >= self._mtp_from):
             self.ignored.append(name)
             return
         text = name.startswith(TEXT_PREFIX)

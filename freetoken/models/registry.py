@@ -16,7 +16,12 @@ from freetoken.huge_pages import advise_huge_pages
 from freetoken.models.base import CausalLM
 from freetoken.models.config import ModelConfig, unsupported_architecture_error
 from freetoken.models.decoder import DecoderLM
+from freetoken.models.glm4_moe import Glm4MoeForCausalLM
+from freetoken.models.host_memory import (
+    available_host_memory, check_host_memory, host_bytes_needed, routed_expert_bytes,
+)
 from freetoken.models.loader import Checkpoint, load_weights
+from freetoken.units import format_bytes
 from freetoken.models.qwen3_5_moe import Qwen3_5MoeForCausalLM
 from freetoken.models.qwen3_moe import Qwen3MoeForCausalLM
 from freetoken.models.qwen3_next import Qwen3NextForCausalLM
@@ -26,6 +31,7 @@ MODEL_CLASSES: dict[str, type[DecoderLM]] = {
     "Qwen3NextForCausalLM": Qwen3NextForCausalLM,
     "Qwen3_5MoeForConditionalGeneration": Qwen3_5MoeForCausalLM,
     "Qwen3_5MoeForCausalLM": Qwen3_5MoeForCausalLM,
+    "Glm4MoeForCausalLM": Glm4MoeForCausalLM,
 }
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16)
 logger = logging.getLogger("freetoken.models")
@@ -51,7 +57,8 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32,
     Raises:
         FileNotFoundError: no config.json / safetensors files.
         ValueError: unsupported architecture (lists the supported ones), bad config keys,
-            unsupported dtype, or missing / unexpected / mis-shaped tensors.
+            unsupported dtype, missing / unexpected / mis-shaped tensors, or weights that do
+            not fit in the available host memory (checked before any is read).
     """
     path = Path(path)
     if dtype not in SUPPORTED_DTYPES:
@@ -65,10 +72,12 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32,
     if arch not in MODEL_CLASSES:
         raise unsupported_architecture_error(arch)
     config = ModelConfig.from_hf(raw)
-    checkpoint = Checkpoint(path)
+    checkpoint = Checkpoint(path, mtp_from_layer=config.num_hidden_layers if config.mtp_layers
+                            else None)
     vision = sum(name.startswith("model.visual.") for name in checkpoint.ignored)
     if vision:
         logger.info("vision tower not loaded (%d tensors): serving the text model only", vision)
+    _check_memory(MODEL_CLASSES[arch], config, checkpoint, dtype, torch.device(device), moe)
     if moe is not None:
         from freetoken.offload.loading import build_offloaded
 
@@ -80,3 +89,24 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32,
     advise_huge_pages(model.parameters())  # before load_weights first writes them
     load_weights(checkpoint, model.weight_targets())
     return model.eval()
+
+
+def _check_memory(model_cls: type[DecoderLM], config: ModelConfig, checkpoint: Checkpoint,
+                  dtype: torch.dtype, device: torch.device, moe) -> None:
+    """Refuse a load whose weights exceed ``MemAvailable`` (see ``host_memory``)."""
+    from freetoken.offload.backend import resolve_backend
+    from freetoken.offload.loading import bank_dtype, first_expert_tensor, model_bytes
+
+    total = model_bytes(model_cls, config, dtype)
+    experts = routed_expert_bytes(config, dtype.itemsize)
+    banks, bank_type = None, dtype
+    if moe is not None and experts and resolve_backend(moe.backend, device, total) != "resident":
+        bank_type = bank_dtype(checkpoint, dtype, first_expert_tensor(config))
+        banks = routed_expert_bytes(config, bank_type.itemsize)
+    needed = host_bytes_needed(total, experts, banks, device)
+    expert_part = experts if banks is None else banks
+    name = str(bank_type).removeprefix("torch.")
+    detail = f"routed experts {format_bytes(expert_part)} in {name}"
+    if device.type == "cpu":
+        detail += f", other weights {format_bytes(total - experts)}"
+    check_host_memory(needed, available_host_memory(), checkpoint.path, detail)

@@ -2,13 +2,14 @@
 
 A generated directory holds ``config.json`` (every key of the real config, see
 ``tiny_presets``), the weights (``model.safetensors``, or shards + index for ``small``),
-``generation_config.json`` (eos ids ``[<|im_end|>, <|endoftext|>]``, bos), the project's trained
-8k BPE ``tokenizer.json`` (Qwen3 added tokens) and ``tokenizer_config.json`` with the chat
-template of ``templates/<arch>.jinja``.
+``generation_config.json`` (eos ids ``[<|im_end|>, <|endoftext|>]`` for the Qwen families,
+``[<|endoftext|>, <|user|>, <|observation|>]`` for GLM), the project's trained 8k BPE
+``tokenizer.json`` with the family's added tokens (``tiny_tokens``) and ``tokenizer_config.json``
+with the chat template of ``templates/<arch>.jinja``.
 
-End of turn: with random weights ``<|im_end|>`` is almost never sampled, so agent clients would
-always run to the token cap. After writing the weights, the lm_head row of ``<|im_end|>`` is
-multiplied by a factor calibrated on the model's own states (``tiny_calibrate``: mean
+End of turn: with random weights the end-of-turn token (``<|im_end|>``; GLM ``<|user|>``) is
+almost never sampled, so agent clients would always run to the token cap. After writing the
+weights, the lm_head row of that token is multiplied by a factor calibrated on the model's own states (``tiny_calibrate``: mean
 end-of-turn probability 1/16 per step at temperature 1, so a turn ends after roughly 5-30
 tokens; tests/models/test_end_of_turn.py measures it). The factor is recorded in
 ``freetoken_tiny.json`` next to the weights (``config.json`` keeps only real keys). Nothing else
@@ -30,33 +31,20 @@ import torch
 from freetoken.models.config import ModelConfig
 from freetoken.models.tiny_calibrate import TARGET_END_PROB, calibrate_im_end
 from freetoken.models.tiny_presets import preset_config
+from freetoken.models.tiny_tokens import (
+    TOKENIZER_FILE, end_of_turn, family_tokenizer, stop_tokens, token_id, tokenizer_config,
+    tokenizer_size,
+)
 from freetoken.models.tiny_weights import write_safetensors
-from freetoken.paths import ASSETS_DIR, TEMPLATES_DIR, cache_dir
+from freetoken.paths import TEMPLATES_DIR, cache_dir
 
 # Bump whenever the generated files change for the same inputs (cached copies are then rebuilt).
 GENERATOR_VERSION = 1
 STAMP_FILE = "freetoken_tiny.json"
 _STAMP_KEYS = ("version", "arch", "preset", "seed", "config_overrides", "inputs_sha256")
-TOKENIZER_FILE = ASSETS_DIR / "tokenizer" / "tokenizer.json"
-_ADDED_TOKEN_FLAGS = ("content", "lstrip", "normalized", "rstrip", "single_word", "special")
 VISION_TOKENS = {"image_token_id": "<|image_pad|>", "video_token_id": "<|video_pad|>",
                  "vision_start_token_id": "<|vision_start|>",
                  "vision_end_token_id": "<|vision_end|>"}
-
-
-def _tokenizer_facts() -> tuple[dict, int]:
-    data = json.loads(TOKENIZER_FILE.read_text(encoding="utf-8"))
-    size = len(data["model"]["vocab"]) + sum(
-        1 for t in data["added_tokens"] if t["content"] not in data["model"]["vocab"]
-    )
-    return data, size
-
-
-def _token_id(tokenizer: dict, content: str) -> int:
-    for token in tokenizer["added_tokens"]:
-        if token["content"] == content:
-            return token["id"]
-    raise ValueError(f"tokenizer.json has no added token {content!r}")
 
 
 def _template(arch: str) -> str:
@@ -64,29 +52,6 @@ def _template(arch: str) -> str:
     if not path.is_file():
         raise FileNotFoundError(f"chat template {path} not found")
     return path.read_text(encoding="utf-8")
-
-
-def _tokenizer_config(tokenizer: dict, template: str, max_length: int) -> dict:
-    added = {
-        str(t["id"]): {k: t[k] for k in _ADDED_TOKEN_FLAGS} for t in tokenizer["added_tokens"]
-    }
-    specials = [t["content"] for t in tokenizer["added_tokens"] if t["special"]]
-    return {
-        "add_bos_token": False,
-        "add_prefix_space": False,
-        "added_tokens_decoder": added,
-        "additional_special_tokens": [s for s in specials if s != "<|endoftext|>"],
-        "bos_token": None,
-        "chat_template": template,
-        "clean_up_tokenization_spaces": False,
-        "eos_token": "<|im_end|>",
-        "errors": "replace",
-        "model_max_length": max_length,
-        "pad_token": "<|endoftext|>",
-        "split_special_tokens": False,
-        "tokenizer_class": "Qwen2Tokenizer",
-        "unk_token": None,
-    }
 
 
 def _write_json(path: Path, data: dict) -> None:
@@ -118,11 +83,13 @@ def make_tiny(arch: str, preset: str, out_dir: str | Path, seed: int = 0,
         FileNotFoundError: ``templates/<arch>.jinja`` does not exist.
     """
     out = Path(out_dir)
-    tokenizer, tok_size = _tokenizer_facts()
-    bos, eos = _token_id(tokenizer, "<|endoftext|>"), _token_id(tokenizer, "<|im_end|>")
-    vocab = -(-tok_size // 64) * 64
-    vision_ids = {key: _token_id(tokenizer, token) for key, token in VISION_TOKENS.items()}
-    raw = preset_config(arch, preset, vocab, bos, eos, vision_ids)
+    tokenizer = family_tokenizer(arch)
+    bos, eos = token_id(tokenizer, "<|endoftext|>"), token_id(tokenizer, end_of_turn(arch))
+    stops = [token_id(tokenizer, t) for t in stop_tokens(arch)]
+    vocab = -(-tokenizer_size(tokenizer) // 64) * 64
+    vision_ids = ({key: token_id(tokenizer, token) for key, token in VISION_TOKENS.items()}
+                  if arch == "qwen3_5_moe" else None)
+    raw = preset_config(arch, preset, vocab, bos, eos, vision_ids, stops)
     # a multimodal config takes the overrides in its text_config (where the text model lives)
     (raw["text_config"] if "text_config" in raw else raw).update(config_overrides or {})
     config = ModelConfig.from_hf(raw)
@@ -135,13 +102,16 @@ def make_tiny(arch: str, preset: str, out_dir: str | Path, seed: int = 0,
     _write_json(out / "config.json", raw)
     _write_json(out / "generation_config.json", {
         "bos_token_id": bos,
-        "eos_token_id": [eos, bos],
+        "eos_token_id": stops,
         "pad_token_id": bos,
         "transformers_version": raw["transformers_version"],
     })
-    shutil.copyfile(TOKENIZER_FILE, out / "tokenizer.json")
+    if arch == "glm4_moe":
+        _write_json(out / "tokenizer.json", tokenizer)
+    else:
+        shutil.copyfile(TOKENIZER_FILE, out / "tokenizer.json")
     _write_json(out / "tokenizer_config.json",
-                _tokenizer_config(tokenizer, template, config.max_position_embeddings))
+                tokenizer_config(arch, tokenizer, template, config.max_position_embeddings))
     dtype = torch.bfloat16 if preset == "small" else torch.float32
     scale = calibrate_im_end(out, eos, dtype, seed)
     stamp = _stamp(arch, preset, seed, config_overrides)

@@ -2,8 +2,11 @@
 
 Every key of the real configs is written explicitly (model-architectures.md §1.2 for
 Qwen3-Next-80B-A3B, §1.3 for Qwen3.5-35B-A3B, §3 for Qwen3-30B-A3B; transformers class defaults
-differ from the real files, so none are relied on). Only the sizes shrink (qwen3_5_moe has the
-qwen3_next sizes, plus a one-block vision tower that the engine does not serve):
+differ from the real files, so none are relied on). GLM-4.5 follows the GLM-4.5-Air config
+(§5.6; the real file was not available, its keys are those transformers ``Glm4MoeConfig`` reads;
+``num_nextn_predict_layers`` 1 as released, the MTP layer itself is not written: neither engine
+loads it). Only the sizes shrink (qwen3_5_moe has the qwen3_next sizes, plus a one-block vision
+tower that the engine does not serve; glm4_moe the qwen3_moe sizes, its first layer dense):
 
 * ``tiny``: a few MB, for the test suite; qwen3_next has 4 layers with
   ``full_attention_interval`` 4 (3 Gated DeltaNet + 1 gated attention), 16 experts, top-4.
@@ -16,7 +19,7 @@ clients send 20-40k-token prompts).
 
 from __future__ import annotations
 
-ARCHES = ("qwen3_moe", "qwen3_next", "qwen3_5_moe")
+ARCHES = ("qwen3_moe", "qwen3_next", "qwen3_5_moe", "glm4_moe")
 PRESETS = ("tiny", "small")
 MAX_POSITIONS = 262144
 
@@ -170,6 +173,46 @@ def _qwen3_5_moe(sizes: dict, vocab: int, bos: int, eos: int, vision_ids: dict) 
     }
 
 
+def _glm4_moe(sizes: dict, vocab: int, pad: int, stops: list[int]) -> dict:
+    return {
+        "architectures": ["Glm4MoeForCausalLM"],
+        "attention_bias": True,
+        "attention_dropout": 0.0,
+        "pad_token_id": pad,
+        "eos_token_id": stops,
+        "head_dim": sizes["head_dim"],
+        "hidden_act": "silu",
+        "hidden_size": sizes["hidden_size"],
+        "partial_rotary_factor": 0.5,
+        "initializer_range": 0.02,
+        "intermediate_size": sizes["intermediate_size"],
+        "max_position_embeddings": 131072,
+        "model_type": "glm4_moe",
+        "moe_intermediate_size": sizes["moe_intermediate_size"],
+        "norm_topk_prob": True,
+        "num_attention_heads": sizes["num_attention_heads"],
+        "n_group": 1,
+        "topk_group": 1,
+        "n_routed_experts": sizes["num_experts"],
+        "n_shared_experts": 1,
+        "routed_scaling_factor": 1.0,
+        "num_experts_per_tok": sizes["num_experts_per_tok"],
+        "first_k_dense_replace": 1,
+        "num_hidden_layers": sizes["num_hidden_layers"],
+        "num_key_value_heads": sizes["num_key_value_heads"],
+        "rms_norm_eps": 1e-05,
+        "rope_scaling": None,
+        "rope_theta": 1000000,
+        "num_nextn_predict_layers": 1,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "transformers_version": "4.54.0",
+        "use_cache": True,
+        "use_qk_norm": False,
+        "vocab_size": vocab,
+    }
+
+
 def _qwen3_moe(sizes: dict, vocab: int, bos: int, eos: int) -> dict:
     layers = sizes["num_hidden_layers"]
     return {
@@ -211,16 +254,18 @@ def _qwen3_moe(sizes: dict, vocab: int, bos: int, eos: int) -> dict:
 
 
 def preset_config(arch: str, preset: str, vocab_size: int, bos_id: int, eos_id: int,
-                  vision_ids: dict | None = None) -> dict:
+                  vision_ids: dict | None = None, stop_ids: list[int] | None = None) -> dict:
     """The full ``config.json`` dict of ``arch`` at ``preset`` size.
 
     Args:
-        arch: ``"qwen3_moe"``, ``"qwen3_next"`` or ``"qwen3_5_moe"``.
+        arch: one of :data:`ARCHES`.
         preset: ``"tiny"`` or ``"small"``.
         vocab_size: embedding rows (tokenizer size rounded up to a multiple of 64).
         bos_id, eos_id: ids of ``<|endoftext|>`` and ``<|im_end|>``.
         vision_ids: qwen3_5_moe's ``image_token_id``, ``video_token_id``,
             ``vision_start_token_id``, ``vision_end_token_id`` (the tokenizer's ids).
+        stop_ids: glm4_moe's ``eos_token_id`` list (default ``[eos_id]``); ``bos_id`` is its
+            pad token.
 
     Raises:
         ValueError: unknown arch or preset (lists the valid ones).
@@ -232,5 +277,7 @@ def preset_config(arch: str, preset: str, vocab_size: int, bos_id: int, eos_id: 
     if arch == "qwen3_5_moe":
         sizes = _SIZES[("qwen3_next", preset)]
         return _qwen3_5_moe(sizes, vocab_size, bos_id, eos_id, vision_ids or {})
+    if arch == "glm4_moe":
+        return _glm4_moe(_SIZES[("qwen3_moe", preset)], vocab_size, bos_id, stop_ids or [eos_id])
     build = _qwen3_next if arch == "qwen3_next" else _qwen3_moe
     return build(_SIZES[(arch, preset)], vocab_size, bos_id, eos_id)

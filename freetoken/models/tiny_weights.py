@@ -12,7 +12,8 @@ so its logits barely depend on the current token and end-of-turn calibration bec
 prompt-dependent; with N(0, 1) both families behave alike); zero-centred norms
 (Qwen3-Next) N(0, 0.02) around 0, plain norms (Qwen3-MoE, the GDN gated norm) 1 + N(0, 0.02);
 ``A_log = log(U(1, 16))``; ``dt_bias = 1``; conv taps U(-1/sqrt(K), 1/sqrt(K)) (torch's Conv1d
-default). Everything is stored bfloat16 except ``A_log`` (float32).
+default). Everything is stored bfloat16 except ``A_log`` and GLM's ``e_score_correction_bias``
+(float32, as released).
 """
 
 from __future__ import annotations
@@ -63,7 +64,8 @@ def tensor_specs(config: ModelConfig, vision_config: dict | None = None) -> list
     qwen3_5 = config.model_type == "qwen3_5_moe"
     specs = []
     for name, target in model.weight_targets().items():
-        fp32 = name.endswith("A_log") or (qwen3_5 and name.endswith("linear_attn.norm.weight"))
+        fp32 = (name.endswith(("A_log", "e_score_correction_bias"))
+                or (qwen3_5 and name.endswith("linear_attn.norm.weight")))
         spec = TensorSpec(name, tuple(target.dest.shape), torch.float32 if fp32 else STORED_DTYPE)
         specs.extend(_released(spec, config) if qwen3_5 else [spec])
     return specs + (_vision_specs(vision_config) if vision_config else [])

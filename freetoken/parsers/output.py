@@ -1,14 +1,16 @@
 """Streaming parser that splits model output into answer text, reasoning and tool calls.
 
-Written for the Qwen3 family output format (model-architectures.md §7.3-7.4, harnesses.md §8):
+Written for the Qwen3 family and GLM-4.5+ output formats (model-architectures.md §7.3-7.4,
+harnesses.md §8 and "GLM-4.5 / 4.6"):
 
 * ``<think>…</think>`` is reasoning. The think block may already be open in the prompt (the
   generation prompt ended with ``<think>\\n``: pass ``in_reasoning=True``, see
   :func:`prompt_opens_reasoning`); a ``<think>`` written by the model (at the start, or later
-  for interleaved thinking) opens one. The template's
+  for interleaved thinking; GLM writes ``\\n<think>``) opens one. The template's
   newline conventions are removed: newlines right after ``<think>`` and right before ``</think>``,
-  and newlines after ``</think>`` or after a tool call.
-* Tool calls (JSON or XML form, :mod:`freetoken.parsers.toolcall`) become
+  newlines after ``</think>`` or after a tool call, and newlines at the very start of the output
+  (GLM writes one after a ``<think></think>`` the prompt pre-filled).
+* Tool calls (JSON, XML or GLM form, :mod:`freetoken.parsers.toolcall`) become
   :class:`ToolCallEvent`; newlines between the answer text and a call are removed.
 * Everything else is :class:`TextDelta`.
 
@@ -25,7 +27,8 @@ markup is ordinary text. At :meth:`OutputParser.finish`, a cut-off tag prefix of
 or more at the very end (``"</"``, ``"<tool_"``) is dropped; a call that is complete except for
 its closing tags is still parsed.
 
-The engine is expected to stop on ``<|im_end|>`` / ``<|endoftext|>`` and not feed them.
+The engine is expected to stop on ``<|im_end|>`` / ``<|endoftext|>`` (GLM: ``<|user|>`` /
+``<|observation|>`` / ``<|endoftext|>``) and not feed them.
 """
 
 from __future__ import annotations
@@ -54,11 +57,15 @@ def _partial_len(buf: str, tags: tuple[str, ...]) -> int:
 def prompt_opens_reasoning(prompt: str) -> bool:
     """True when the rendered prompt leaves a think block open for the model to continue.
 
-    That is the case when the last ``<think>`` after the last ``<|im_start|>`` has no ``</think>``
-    after it (Qwen3-Next / Qwen3.5 generation prompts end with ``<think>\\n``; with
-    ``enable_thinking=False`` they end with ``<think>\\n\\n</think>\\n\\n``).
+    That is the case when the last ``<think>`` of the last turn (after the last ``<|im_start|>``
+    or GLM ``<|assistant|>``) has no ``</think>`` after it (Qwen3-Next / Qwen3.5 generation
+    prompts end with ``<think>\\n``; with ``enable_thinking=False`` they end with
+    ``<think>\\n\\n</think>\\n\\n``; GLM-4.5 / 4.6 ones end with ``<|assistant|>`` or
+    ``<|assistant|>\\n<think></think>``).
     """
-    turn = prompt[max(prompt.rfind("<|im_start|>"), 0) :]
+    # Only the last turn counts: a user message may quote "<think>" without closing it.
+    start = max(prompt.rfind("<|im_start|>"), prompt.rfind("<|assistant|>"), 0)
+    turn = prompt[start:]
     opened = turn.rfind(THINK_OPEN)
     return opened >= 0 and turn.find(THINK_CLOSE, opened) < 0
 
@@ -81,7 +88,8 @@ class OutputParser:
         self._buf = ""
         self._mode = _REASONING if in_reasoning else _TEXT
         self._fresh = in_reasoning  # at the start of a think block: drop newlines and a repeated <think>
-        self._strip_nl = False  # drop newlines (after </think> or a tool call)
+        # drop newlines (at the start of the output, after </think> or after a tool call)
+        self._strip_nl = True
         self._held_nl = ""  # newlines removed before a call opener, given back if the call is malformed
         self._opener = ""
         self._scanner: CallScanner | None = None

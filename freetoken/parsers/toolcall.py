@@ -1,6 +1,7 @@
-"""Incremental scanners for one tool call in model output (Qwen3 JSON form and XML form).
+"""Incremental scanners for one tool call in model output (JSON, XML and GLM forms).
 
-Two call forms are accepted whatever the model (the form is detected from the first characters):
+Three call forms are accepted whatever the model (the form is detected from the first characters
+after ``<tool_call>``: ``{`` is JSON, ``<function=`` is XML, a bare name is GLM):
 
 * JSON (Qwen3 / Qwen3-Next, Hermes style)::
 
@@ -24,6 +25,17 @@ Two call forms are accepted whatever the model (the form is detected from the fi
   missing); the rest of the value is byte-exact. Values are typed by
   :func:`freetoken.parsers.schema.coerce_parameter`. After ``</function>`` a wrapped call expects
   ``</tool_call>`` (a repeated ``</function>`` is skipped).
+* GLM (GLM-4.5 / 4.6 / 4.7), always wrapped::
+
+      <tool_call>NAME\\n<arg_key>K</arg_key>\\n<arg_value>V</arg_value>\\n</tool_call>
+
+  NAME is letters, digits and ``_.:-`` (at most 256), ended by whitespace or ``<``; there may be
+  any number of key/value pairs (none: ``<tool_call>NAME</tool_call>``), with any whitespace
+  between the tags. As in the XML form a value ends only at an ``</arg_value>`` followed (after
+  whitespace) by ``<arg_key>`` or ``</tool_call>``, so code values may hold the closing tags;
+  values are byte-exact (no framing is removed) and typed by
+  :func:`freetoken.parsers.schema.coerce_parameter`. A key without its value, or a name with
+  other characters (``bash(x)``, ``just words``), makes the block malformed.
 
 The scanners keep their position between calls, so feeding a long call token by token costs
 linear time. A scanner never raises: it answers "need more text", a parsed call, or a malformed
@@ -45,7 +57,14 @@ FUNC_OPEN = "<function="
 FUNC_CLOSE = "</function>"
 PARAM_OPEN = "<parameter="
 PARAM_CLOSE = "</parameter>"
+ARG_KEY_OPEN = "<arg_key>"
+ARG_KEY_CLOSE = "</arg_key>"
+ARG_VALUE_OPEN = "<arg_value>"
+ARG_VALUE_CLOSE = "</arg_value>"
 _NAME_LIMIT = 256
+# GLM function names: OpenAI / Anthropic tool names plus the dots and colons MCP tools use;
+# one character over the limit is matched so an overlong name is seen as such.
+_GLM_NAME = re.compile(r"[\w.:-]{1,%d}" % (_NAME_LIMIT + 1))
 _IN_STRING = re.compile(r'["\\]')
 _OUT_STRING = re.compile(r'["<]')
 
@@ -237,6 +256,8 @@ class _XmlScan:
         self.param = ""
         self.value_start = 0
         self.search = 0
+        self.pending = -1  # a </parameter> whose follower is still unknown …
+        self.after = 0  # … and how far the whitespace after it was skipped
 
     def _call(self) -> ParsedCall:
         return ParsedCall(self.name, dict(self.params))
@@ -287,6 +308,7 @@ class _XmlScan:
                         return Step(self.pos, self._call())
                     self.state = "close"
                 elif i == n or _is_partial(buf, i, (PARAM_OPEN, FUNC_CLOSE)):
+                    self.pos = i  # whitespace is not scanned again
                     return Step(n, self._call()) if final else None
                 else:
                     return i
@@ -297,14 +319,14 @@ class _XmlScan:
                         return n
                     self.search = max(self.search, n - len(PARAM_CLOSE) + 1)
                     return None
-                j = _skip_ws(buf, q + len(PARAM_CLOSE))
+                j = _skip_ws(buf, self.after if q == self.pending else q + len(PARAM_CLOSE))
                 if buf.startswith(PARAM_OPEN, j) or buf.startswith(FUNC_CLOSE, j):
                     self._store(buf[self.value_start : q])
                     self.pos = q + len(PARAM_CLOSE)
                     self.state = "between"
                 elif j == n or _is_partial(buf, j, (PARAM_OPEN, FUNC_CLOSE)):
                     if not final:
-                        self.search = q
+                        self.search, self.pending, self.after = q, q, j
                         return None
                     self._store(buf[self.value_start : q])
                     return Step(n, self._call())
@@ -318,15 +340,119 @@ class _XmlScan:
                     self.pos = i + len(FUNC_CLOSE)
                     continue
                 if i == n or _is_partial(buf, i, (TOOL_CLOSE, FUNC_CLOSE)):
+                    self.pos = i
                     return Step(n, self._call()) if final else None
                 return i
+
+
+class _GlmScan:
+    """Parses a GLM call ``NAME`` … ``</tool_call>`` (the buffer starts after ``<tool_call>``).
+
+    States: "name" → "between" (expects ``<arg_key>`` or ``</tool_call>``) → "key" (after
+    ``</arg_key>``, expects ``<arg_value>``) → "value" → "between"…
+    """
+
+    def __init__(self, start: int, schemas: dict[str, dict[str, dict]]) -> None:
+        self.pos = start
+        self.schemas = schemas
+        self.state = "name"
+        self.name = ""
+        self.args: dict = {}
+        self.key = ""
+        self.value_start = 0
+        self.search = 0
+        self.pending = -1  # an </arg_value> whose follower is still unknown …
+        self.after = 0  # … and how far the whitespace after it was skipped
+
+    def _call(self) -> ParsedCall:
+        return ParsedCall(self.name, dict(self.args))
+
+    def _store(self, raw: str) -> None:
+        props = self.schemas.get(self.name)
+        self.args[self.key] = coerce_parameter(raw, None if props is None else props.get(self.key))
+
+    def _key(self, buf: str, i: int, final: bool) -> int | None:
+        """Reads ``<arg_key>K</arg_key>`` at ``i``: the index after it, None to wait, or -1 when
+        malformed (no ``</arg_key>`` within the name limit, or not a valid name)."""
+        start = i + len(ARG_KEY_OPEN)
+        window = start + _NAME_LIMIT + len(ARG_KEY_CLOSE)
+        close = buf.find(ARG_KEY_CLOSE, start, window)
+        if close < 0:
+            return -1 if final or len(buf) >= window else None
+        raw = buf[start:close]
+        if not _valid_name(raw):
+            return -1
+        self.key = raw.strip(" \t")
+        return close + len(ARG_KEY_CLOSE)
+
+    def advance(self, buf: str, final: bool) -> Step | None | int:
+        """A Step when done, None to wait for more text, an int when malformed at that index."""
+        n = len(buf)
+        while True:
+            if self.state == "name":
+                end = _GLM_NAME.match(buf, self.pos).end()  # the scanner starts at a name char
+                if end - self.pos > _NAME_LIMIT:
+                    return self.pos
+                if end == n:
+                    return self.pos if final else None  # a name cut off by the end is no call
+                if not (buf[end].isspace() or buf[end] == "<"):
+                    return self.pos
+                self.name, self.pos, self.state = buf[self.pos : end], end, "between"
+            elif self.state == "between":
+                i = _skip_ws(buf, self.pos)
+                if buf.startswith(ARG_KEY_OPEN, i):
+                    after = self._key(buf, i, final)
+                    if after is None:
+                        self.pos = i
+                        return None
+                    if after < 0:
+                        return i
+                    self.pos, self.state = after, "key"
+                elif buf.startswith(TOOL_CLOSE, i):
+                    return Step(i + len(TOOL_CLOSE), self._call())
+                elif i == n or _is_partial(buf, i, (ARG_KEY_OPEN, TOOL_CLOSE)):
+                    if final:  # complete except for its closing tag
+                        return Step(n, self._call())
+                    self.pos = i  # whitespace is not scanned again
+                    return None
+                else:
+                    return i
+            elif self.state == "key":
+                i = _skip_ws(buf, self.pos)
+                if buf.startswith(ARG_VALUE_OPEN, i):
+                    self.value_start = self.search = i + len(ARG_VALUE_OPEN)
+                    self.state = "value"
+                elif not final and (i == n or _is_partial(buf, i, (ARG_VALUE_OPEN,))):
+                    self.pos = i
+                    return None
+                else:
+                    return i  # a key without its value
+            else:  # "value"
+                q = buf.find(ARG_VALUE_CLOSE, self.search)
+                if q < 0:
+                    if final:
+                        return n
+                    self.search = max(self.search, n - len(ARG_VALUE_CLOSE) + 1)
+                    return None
+                j = _skip_ws(buf, self.after if q == self.pending else q + len(ARG_VALUE_CLOSE))
+                if buf.startswith(ARG_KEY_OPEN, j) or buf.startswith(TOOL_CLOSE, j):
+                    self._store(buf[self.value_start : q])
+                    self.pos, self.state = q + len(ARG_VALUE_CLOSE), "between"
+                elif j == n or _is_partial(buf, j, (ARG_KEY_OPEN, TOOL_CLOSE)):
+                    if not final:
+                        self.search, self.pending, self.after = q, q, j
+                        return None
+                    self._store(buf[self.value_start : q])
+                    return Step(n, self._call())
+                else:
+                    self.search = q + 1  # that </arg_value> belongs to the value
 
 
 class CallScanner:
     """Scans one tool call from the text that follows its opening tag.
 
-    For a wrapped call the buffer starts right after ``<tool_call>``; for a bare XML call it starts
-    at ``<function=``. A malformed wrapped call spans up to and including the next
+    For a wrapped call (any form) the buffer starts right after ``<tool_call>``; for a bare XML
+    call it starts at ``<function=``. A malformed wrapped call spans up to and including the next
     ``</tool_call>`` (or the end of output); a malformed bare call spans up to the point where it
     stopped making sense, and the rest is scanned again as ordinary text.
 
@@ -338,7 +464,9 @@ class CallScanner:
     def __init__(self, schemas: dict[str, dict[str, dict]], wrapped: bool) -> None:
         self._schemas = schemas
         self._wrapped = wrapped
-        self._inner: _JsonScan | _XmlScan | None = None if wrapped else _XmlScan(0, schemas, False)
+        self._inner: _JsonScan | _XmlScan | _GlmScan | None = (
+            None if wrapped else _XmlScan(0, schemas, False)
+        )
         self._bad_from: int | None = None
 
     def advance(self, buf: str, final: bool) -> Step | None:
@@ -349,6 +477,8 @@ class CallScanner:
                 self._inner = _JsonScan(i, self._schemas)
             elif buf.startswith(FUNC_OPEN, i):
                 self._inner = _XmlScan(i, self._schemas, True)
+            elif _GLM_NAME.match(buf, i):
+                self._inner = _GlmScan(i, self._schemas)
             elif i == len(buf) or _is_partial(buf, i, (FUNC_OPEN,)):
                 if not final:
                     return None

@@ -35,10 +35,15 @@ _EMPTY_SCHEMA = {"type": "object", "properties": {}}
 
 def call_form(template: object) -> str:
     """The tool-call form a chat template teaches: ``"xml"`` when its source writes
-    ``<function=`` (Qwen3.5 / Qwen3-Coder), else ``"json"`` (Qwen3 / Qwen3-Next / Hermes; also for
-    templates without a ``source``, such as stand-ins)."""
+    ``<function=`` (Qwen3.5 / Qwen3-Coder), ``"glm"`` when it writes ``<arg_key>`` (GLM-4.5),
+    else ``"json"`` (Qwen3 / Qwen3-Next / Hermes; also for templates without a ``source``, such
+    as stand-ins)."""
     source = getattr(template, "source", None)
-    return "xml" if isinstance(source, str) and "<function=" in source else "json"
+    if not isinstance(source, str):
+        return "json"
+    if "<function=" in source:
+        return "xml"
+    return "glm" if "<arg_key>" in source else "json"
 
 
 @dataclass(frozen=True)

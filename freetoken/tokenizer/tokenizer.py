@@ -25,6 +25,15 @@ def _token_content(value: object) -> str | None:
     return value if isinstance(value, str) else None
 
 
+# Reasoning and tool-call tags the output parsers read in generated text. Qwen tokenizers mark
+# them non-special; GLM-4.5 marks them special, so a "skip special tokens" rule alone would drop
+# them from the text and lose the calls.
+MARKUP_TOKENS = frozenset({
+    "<think>", "</think>", "<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>",
+    "<arg_value>", "</arg_value>",
+})
+
+
 @dataclass
 class Tokenizer:
     """Byte-level BPE tokenizer of a checkpoint.
@@ -34,7 +43,8 @@ class Tokenizer:
         eos_token_ids: ids that end generation, from generation_config.json, config.json and
             tokenizer_config.json's ``eos_token`` (deduplicated, in that order).
         chat_template: the checkpoint's own jinja chat template, or None.
-        special_ids: ids of all added tokens marked special.
+        special_ids: ids of the added tokens marked special that generated text leaves out;
+            the markup tags of :data:`MARKUP_TOKENS` are kept even when marked special.
     """
 
     path: Path
@@ -73,7 +83,8 @@ class Tokenizer:
         jinja_file = path / "chat_template.jinja"
         if jinja_file.is_file():
             template = jinja_file.read_text(encoding="utf-8")
-        special = frozenset(i for i, t in hf.get_added_tokens_decoder().items() if t.special)
+        special = frozenset(i for i, t in hf.get_added_tokens_decoder().items()
+                            if t.special and t.content not in MARKUP_TOKENS)
         return cls(path, hf, tuple(eos), template, special)
 
     @property

@@ -26,11 +26,16 @@ PATHS = {"@ai-sdk/openai-compatible": "/v1/chat/completions", "@ai-sdk/anthropic
 
 
 def _served(ex: Exchange) -> tuple[int, str]:
-    """(input tokens from the usage the server sent, visible text it streamed) for one call."""
+    """(input tokens from the usage the server sent, visible text it streamed) for one call.
+
+    OpenCode counts cache reads apart from input: Chat Completions input is ``prompt_tokens``
+    less ``prompt_tokens_details.cached_tokens`` (Anthropic's ``input_tokens`` already is)."""
     events = [json.loads(data) for _, data in sse_events(ex.response_text()) if data != "[DONE]"]
     if ex.path == "/v1/chat/completions":
         text = "".join(c["choices"][0]["delta"].get("content") or "" for c in events if c["choices"])
-        return events[-1]["usage"]["prompt_tokens"], text
+        usage = events[-1]["usage"]
+        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+        return usage["prompt_tokens"] - cached, text
     text = "".join(e["delta"].get("text", "") for e in events if e["type"] == "content_block_delta")
     delta = next(e for e in events if e["type"] == "message_delta")
     return delta["usage"]["input_tokens"], text

@@ -144,3 +144,17 @@ def test_window_detokenizer_releases_genuinely_invalid_bytes(tmp_path: Path) -> 
     chunks = _stream(WindowDetokenizer(tok), ids)
     assert "".join(chunks) == tok.decode(ids, skip_special_tokens=True)
     assert chunks[-2] != ""  # " world" is not held hostage by the invalid bytes
+
+
+def test_markup_tags_a_tokenizer_flags_special_stay_in_the_text(tiny_checkpoint) -> None:
+    """GLM-4.5 flags its think / tool-call tags special: they still reach the text (the parsers
+    read them), its other special tokens do not."""
+    tok = Tokenizer.from_pretrained(tiny_checkpoint("glm4_moe"))
+    text = "<tool_call>bash\n<arg_key>cmd</arg_key>\n<arg_value>ls</arg_value>\n</tool_call>"
+    ids = tok.encode("[gMASK]<sop><think>x</think>" + text + "<|user|>")
+    assert tok.token_to_id("<arg_key>") not in tok.special_ids
+    assert tok.token_to_id("[gMASK]") in tok.special_ids
+    detok = DetokenizerFactory(tok)()
+    assert isinstance(detok, ByteLevelDetokenizer)
+    out = "".join(detok.add(i) for i in ids) + detok.flush()
+    assert out == "<think>x</think>" + text

@@ -12,7 +12,7 @@ import torch
 os.environ["HF_HUB_OFFLINE"] = "1"
 sys.modules["fla"] = None  # see tests/conftest.py
 
-ARCHES = ("qwen3_moe", "qwen3_next", "qwen3_5_moe")
+ARCHES = ("qwen3_moe", "qwen3_next", "qwen3_5_moe", "glm4_moe")
 PROMPT_TEXT = (
     "<|im_start|>system\nYou are a coding assistant.<|im_end|>\n<|im_start|>user\n"
     "Write a Python function that parses a CSV file and returns the rows as dicts, "

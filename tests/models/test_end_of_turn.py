@@ -1,4 +1,5 @@
-"""The calibrated <|im_end|> row: sampled turns of the tiny models end after roughly 5-30 tokens."""
+"""The calibrated end-of-turn row (<|im_end|>, GLM <|user|>): sampled turns of the tiny models end
+after roughly 5-30 tokens."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import pytest
 import torch
 
 from freetoken.models.registry import load_model
+from freetoken.models.tiny_tokens import end_of_turn
 from freetoken.tokenizer.tokenizer import Tokenizer
 
 PROMPTS = (
@@ -26,11 +28,11 @@ TURNS_PER_PROMPT = 8
 CAP = 200
 
 
-@pytest.mark.parametrize("arch", ["qwen3_moe", "qwen3_next", "qwen3_5_moe"])
+@pytest.mark.parametrize("arch", ["qwen3_moe", "qwen3_next", "qwen3_5_moe", "glm4_moe"])
 def test_sampled_turns_end(arch: str, tiny_checkpoint) -> None:
     path = tiny_checkpoint(arch)
     model, tok = load_model(path), Tokenizer.from_pretrained(path)
-    im_end = tok.token_to_id("<|im_end|>")
+    im_end = tok.token_to_id(end_of_turn(arch))
     gen = torch.Generator().manual_seed(123)
     lengths = []
     for prompt in PROMPTS:

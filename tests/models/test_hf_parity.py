@@ -8,6 +8,8 @@ from transformers import GenerationConfig
 
 from freetoken.models.registry import load_model
 from freetoken.models.tiny import make_tiny
+from freetoken.models.tiny_tokens import end_of_turn
+from freetoken.tokenizer.tokenizer import Tokenizer
 from tests.models.conftest import load_hf, prompt_ids
 
 PROMPT_LEN = 64
@@ -37,9 +39,14 @@ def test_prefill_logits_match_transformers(pair) -> None:
 
 
 def test_greedy_decode_matches_transformers_generate(pair) -> None:
+    """32 greedy tokens equal ``generate``'s; the calibrated end-of-turn token is suppressed in
+    both (with random weights it is the argmax of most steps once it appears, GLM's from the
+    first)."""
     path, ft, hf = pair
     ids = prompt_ids(path, PROMPT_LEN)
-    config = GenerationConfig(do_sample=False, max_new_tokens=NEW_TOKENS, pad_token_id=0)
+    end = Tokenizer.from_pretrained(path).token_to_id(end_of_turn(ft.config.model_type))
+    config = GenerationConfig(do_sample=False, max_new_tokens=NEW_TOKENS, pad_token_id=0,
+                              suppress_tokens=[end])
     with torch.no_grad():
         ref = hf.generate(ids[None], generation_config=config,
                           attention_mask=torch.ones(1, PROMPT_LEN, dtype=torch.long))[0, PROMPT_LEN:]
@@ -47,7 +54,7 @@ def test_greedy_decode_matches_transformers_generate(pair) -> None:
     logits = ft(ids, state)
     tokens, step_logits = [], []
     for _ in range(NEW_TOKENS):
-        token = logits.argmax(-1)
+        token = logits.index_fill(-1, torch.tensor([end]), float("-inf")).argmax(-1)
         tokens.append(int(token))
         step_logits.append(logits[0])
         logits = ft(token, state)

@@ -115,8 +115,9 @@ def test_unknown_architecture(source, tmp_path) -> None:
     with pytest.raises(ValueError) as err:
         load_model(other)
     assert str(err.value) == (
-        "unsupported architecture 'LlamaForCausalLM'; supported: Qwen3MoeForCausalLM, "
-        "Qwen3NextForCausalLM, Qwen3_5MoeForCausalLM, Qwen3_5MoeForConditionalGeneration"
+        "unsupported architecture 'LlamaForCausalLM'; supported: Glm4MoeForCausalLM, "
+        "Qwen3MoeForCausalLM, Qwen3NextForCausalLM, Qwen3_5MoeForCausalLM, "
+        "Qwen3_5MoeForConditionalGeneration"
     )
 
 
@@ -135,3 +136,29 @@ def test_bfloat16_compute(source) -> None:
     with pytest.raises(ValueError) as err:
         load_model(path, dtype=torch.float16)
     assert str(err.value) == "unsupported dtype torch.float16; supported: float32, bfloat16"
+
+
+def test_weights_beyond_available_host_memory_are_refused_before_loading(
+        tiny_checkpoint, monkeypatch) -> None:
+    from freetoken.models import registry
+    from freetoken.offload.backend import MoeConfig
+
+    path = tiny_checkpoint("qwen3_moe")
+    read = []
+    monkeypatch.setattr(registry, "load_weights", lambda *a: read.append(a))
+    monkeypatch.setattr(registry, "available_host_memory", lambda: 10 * 2**20)
+    with pytest.raises(ValueError) as err:
+        load_model(path)
+    # 4 MoE layers x 16 experts x 3 x H 256 x I 128 in fp32 = 24 MiB; embedding + lm_head
+    # 2 x 8256 x 256 fp32 = 16.125 MiB, attention, norms and routers make the other 19.20 MiB
+    assert str(err.value) == (
+        f"{path}: loading needs 43.20 MiB of host memory (routed experts 24.00 MiB in float32, "
+        "other weights 19.20 MiB) but only 10.00 MiB is available (MemAvailable): free memory, "
+        "serve on a device with room for the non-expert weights, or pick a smaller checkpoint")
+    with pytest.raises(ValueError) as err:  # offloaded: bf16 banks of the bf16-stored experts
+        load_model(path, moe=MoeConfig(backend="cpu"))
+    assert "needs 31.20 MiB of host memory (routed experts 12.00 MiB in bfloat16, " in str(err.value)
+    assert read == []
+    monkeypatch.setattr(registry, "available_host_memory", lambda: 44 * 2**20)
+    load_model(path)
+    assert len(read) == 1

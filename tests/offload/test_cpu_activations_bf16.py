@@ -25,7 +25,7 @@ from tests.offload.test_cpu_activations_q8 import teacher_forced_errors
 LOGITS_BOUND = 2e-3
 
 
-@pytest.mark.parametrize("arch", ["qwen3_next", "qwen3_moe", "qwen3_5_moe"])
+@pytest.mark.parametrize("arch", ["qwen3_next", "qwen3_moe", "qwen3_5_moe", "glm4_moe"])
 def test_bf16_logits_stay_close_to_fp32_activations(tiny_checkpoint, arch, every_cpu_isa):
     path = tiny_checkpoint(arch)
     models = {act: load_model(path, moe=MoeConfig(backend="cpu", cache="1", cpu_activations=act))

@@ -140,3 +140,37 @@ def test_bad_arguments_are_clear_errors():
         call(kv_slots=bad)
     with pytest.raises(ValueError, match="must be contiguous"):
         call(x=torch.randn(72, 2).t())
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("shape, norms", [(SHAPES[0], False), (SHAPES[2], False),
+                                          (SHAPES[3], True)],
+                         ids=["H1024-no-norm", "H72-no-norm", "H256-norms"])
+def test_qkv_bias_and_no_qk_norm_match_reference(isa, dtype, shape, norms):
+    """GLM-4.5's form: a q/k/v bias, and no q/k norm unless ``use_qk_norm`` (``hd`` then comes
+    from ``qkv_w``'s rows)."""
+    tensors, config = _case(shape, dtype, seed=shape[0] + 3)
+    g = torch.Generator().manual_seed(5)
+    rows = tensors["qkv_w"].shape[0]
+    tensors["qkv_bias"] = torch.randn(rows, generator=g).to(dtype).float()
+    if not norms:
+        tensors["q_norm"] = tensors["k_norm"] = None
+    ref_tensors = {k: v.clone() if v is not None else None for k, v in tensors.items()}
+    out = paged_decode_attention(**tensors, **config, isa=isa)
+    ref = paged_decode_attention_reference(**ref_tensors, **config)
+    tolerance = ATTENTION_TOLERANCE if dtype == torch.float32 else BF16_TOLERANCE
+    assert relative_rms_error(ref, out) <= tolerance
+    new = tensors["kv_slots"][tensors["kv_offsets"][1:] - 1]
+    assert relative_rms_error(ref_tensors["pool_k"][new].float(),
+                              tensors["pool_k"][new].float()) <= tolerance
+    without = paged_decode_attention(**{**ref_tensors, "qkv_bias": None}, **config, isa=isa)
+    assert relative_rms_error(ref, without) > 10 * tolerance  # the bias is applied
+
+
+def test_bias_and_norm_arguments_are_checked():
+    tensors, config = _case(SHAPES[0], torch.float32, seed=1)
+    with pytest.raises(ValueError, match="q_norm and k_norm must both be given or None"):
+        paged_decode_attention(**{**tensors, "k_norm": None}, **config)
+    with pytest.raises(ValueError, match=r"qkv_bias \[7\] must be \[1536\]"):
+        paged_decode_attention(**tensors, **config, qkv_bias=torch.zeros(7))

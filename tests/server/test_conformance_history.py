@@ -4,6 +4,8 @@
   exactly as it was generated, so turn N (prompt + output + end token) is a token prefix of
   turn N+1, whether a tool result or a new user turn follows (both APIs).
 * System / developer messages inside the conversation render in place, in order (both APIs).
+* glm4_moe (templates/glm4_moe.jinja): a GLM-form tool call comes back typed through both APIs,
+  streamed or not, and sent back with its result it extends the prompt as generated.
 """
 
 from __future__ import annotations
@@ -112,6 +114,67 @@ def test_thinking_off_keeps_every_earlier_turn_stable_over_three_user_turns(
             _assert_token_prefix(server, before)
         before = _generated_prefix(server, answer)
         history.append({"role": "assistant", "content": answer})
+
+
+@pytest.fixture(scope="module")
+def glm4_moe():
+    server = RealServer(model_type="glm4_moe")
+    yield server
+    server.close()
+
+
+GLM_BASH = {"command": {"type": "string"}, "timeout": {"type": "integer"}}
+GLM_CALL = (
+    "<tool_call>bash\n<arg_key>command</arg_key>\n<arg_value>ls -la</arg_value>\n"
+    "<arg_key>timeout</arg_key>\n<arg_value>5</arg_value>\n</tool_call>"
+)
+
+
+@pytest.mark.parametrize("api", ["openai", "anthropic"])
+@pytest.mark.parametrize("stream", [False, True])
+def test_glm4_moe_tool_call_both_apis_and_the_next_prompt_extends(glm4_moe, api, stream):
+    """templates/glm4_moe.jinja + the GLM call form: the call comes back typed (thinking on for
+    OpenAI, off for Anthropic without ``thinking``), and once sent back with its result the next
+    prompt is prompt + output + the <|observation|> turn (GLM turns have no end token)."""
+    glm4_moe.engine.reset()
+    first = [{"role": "user", "content": "list the files"}]
+    if api == "openai":
+        script = "\n<think>The user wants files.</think>\nLet me look.\n" + GLM_CALL
+        body = {"messages": first, "tools": [oai_tool("bash", GLM_BASH)], "stream": stream}
+        r = glm4_moe.chat(body, script)
+        assert (r.status, r.finish_reason) == (200, "tool_calls"), r.body
+        assert (r.message["reasoning_content"], r.message["content"]) == (
+            "The user wants files.", "Let me look.")
+        ((name, args),) = [(c["function"]["name"], json.loads(c["function"]["arguments"]))
+                           for c in r.message["tool_calls"]]
+        tail, gen = "<|assistant|>", "<|assistant|>"
+        history = first + [r.message] + [
+            {"role": "tool", "tool_call_id": c["id"], "content": "a.txt"}
+            for c in r.message["tool_calls"]]
+    else:
+        script = "\nLet me look.\n" + GLM_CALL
+        body = {"messages": first, "tools": [ant_tool("bash", GLM_BASH)], "stream": stream}
+        r = glm4_moe.message(body, script)
+        assert (r.status, r.message["stop_reason"]) == (200, "tool_use"), r.body
+        text, use = r.message["content"]
+        assert text == {"type": "text", "text": "Let me look."}
+        name, args = use["name"], use["input"]
+        tail, gen = "/nothink<|assistant|>\n<think></think>", "<|assistant|>\n<think></think>"
+        result = {"type": "tool_result", "tool_use_id": use["id"], "content": "a.txt"}
+        history = first + [{"role": "assistant", "content": r.message["content"]},
+                           {"role": "user", "content": [result]}]
+    assert (name, args) == ("bash", {"command": "ls -la", "timeout": 5})
+    prompt = glm4_moe.prompt()
+    assert prompt.startswith("[gMASK]<sop><|system|>\n# Tools\n")
+    assert prompt.endswith("<|user|>\nlist the files" + tail)
+    if api == "openai":
+        r = glm4_moe.chat({"messages": history, "tools": body["tools"]}, "ok")
+    else:
+        r = glm4_moe.message({"messages": history, "tools": body["tools"]}, "ok")
+    assert r.status == 200, r.body
+    assert glm4_moe.prompt() == (
+        prompt + script + "<|observation|>\n<tool_response>\na.txt\n</tool_response>" + gen
+    )
 
 
 def test_anthropic_system_messages_inside_messages_render_in_place(srv_real):

@@ -237,12 +237,13 @@ def test_parallel_tool_calls_false_and_open_think_block(scripted):
     assert (grammar.parallel, grammar.reasoning, grammar.form) == (False, True, "json")
 
 
-def test_xml_template_gets_the_xml_form():
-    server = Live(FakeEngine(model_type="qwen3_5_moe"))
+@pytest.mark.parametrize("model_type, form", [("qwen3_5_moe", "xml"), ("glm4_moe", "glm")])
+def test_xml_and_glm_templates_get_their_forms(model_type, form):
+    server = Live(FakeEngine(model_type=model_type))
     try:
         server.engine.push("ok")
         server.chat(tool_choice="required", tools=[ZIP, SEARCH], **NO_THINKING)
-        expected = tool_call_grammar([ZIP, SEARCH], "xml")
+        expected = tool_call_grammar([ZIP, SEARCH], form)
         assert server.engine.last.request.sampling.grammar == expected
     finally:
         server.close()

@@ -32,7 +32,10 @@ struct DecodeAttentionProblem {
   float input_eps = 1e-6f;            // out = h + o_proj(...) in the model dtype
   const void* qkv_w = nullptr;  // [q_rows + 2 * nkv * hd, H], q_rows = nh * hd * (gated ? 2 : 1)
   const void* o_w = nullptr;    // [H, nh * hd]
-  const float* q_norm = nullptr;  // [hd] RMSNorm multiplier of q (already 1 + w when zero-centred)
+  const float* qkv_bias = nullptr;  // [rows] or null: added to the projection (GLM q/k/v bias;
+                                    // values of the model dtype, the sum rounded like it)
+  const float* q_norm = nullptr;  // [hd] RMSNorm multiplier of q (already 1 + w when zero-centred),
+                                  // or null with k_norm: no q/k norm (GLM without use_qk_norm)
   const float* k_norm = nullptr;  // [hd] of k
   float eps = 1e-6f;
   float scale = 1.0f;            // softmax scale (hd ** -0.5)

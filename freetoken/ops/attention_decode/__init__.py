@@ -2,7 +2,7 @@
 
 :func:`paged_decode_attention` runs a whole attention layer for ``B`` sequences of one new token
 each (``csrc/src/attention.cpp``): the fused q/k/v projection and ``o_proj`` on the ``rows_dot``
-kernels, q/k RMSNorm and RoPE, the new K/V written into the pool, and attention that reads each
+kernels (plus an optional q/k/v bias), q/k RMSNorm (optional) and RoPE, the new K/V written into the pool, and attention that reads each
 sequence's K/V rows where they lie in the pool (no gather copy per step, so its cost grows with
 the context only by the bytes it must read). fp32 inputs match
 :func:`~freetoken.ops.attention_decode.reference.paged_decode_attention_reference` within
@@ -26,14 +26,16 @@ def paged_decode_attention(x: torch.Tensor, qkv_w: torch.Tensor, o_w: torch.Tens
                            kv_slots: torch.Tensor, kv_offsets: torch.Tensor, *, num_heads: int,
                            num_kv_heads: int, gated: bool, eps: float, scale: float,
                            input_norm: torch.Tensor | None = None, input_eps: float = 1e-6,
-                           isa: str | None = None) -> torch.Tensor:
+                           isa: str | None = None,
+                           qkv_bias: torch.Tensor | None = None) -> torch.Tensor:
     """One decode step of a GQA attention layer for ``B`` sequences.
 
     Args:
         x: ``[B, H]`` normed hidden states, fp32 or bf16 (the model dtype).
         qkv_w: ``[q_rows + 2 * nkv * hd, H]`` fused q/k/v weight, rows ``[q | gate | k | v]``
             (``q_rows = nh * hd``, twice that with ``gated``); ``o_w``: ``[H, nh * hd]``.
-        q_norm, k_norm: ``[hd]`` fp32 RMSNorm multipliers.
+        q_norm, k_norm: ``[hd]`` fp32 RMSNorm multipliers, or both None (no q/k norm, GLM;
+            ``hd`` then follows from ``qkv_w``'s rows).
         cos, sin: ``[B, rot / 2]`` fp32 RoPE tables at each sequence's new position.
         pool_k, pool_v: ``[slots, nkv, hd]`` this layer's pool rows (the model dtype); the new
             token's K/V are written at each sequence's last slot.
@@ -45,6 +47,8 @@ def paged_decode_attention(x: torch.Tensor, qkv_w: torch.Tensor, o_w: torch.Tens
             ``input_eps``), or None. Given, ``x`` is the residual stream ``h`` and the result is
             ``h + o_proj(...)`` of ``RMSNorm(h)`` (the add in the model dtype).
         isa: kernel variant (``freetoken.ops.cpu_moe.cpu.supported_isas``).
+        qkv_bias: ``[rows]`` fp32 (holding model-dtype values) added to the q/k/v projection
+            before the norms (GLM), the sum rounded to the model dtype; or None.
 
     Returns:
         ``[B, H]`` fp32 ``o_proj`` output (or ``h`` plus it).
@@ -55,4 +59,4 @@ def paged_decode_attention(x: torch.Tensor, qkv_w: torch.Tensor, o_w: torch.Tens
     """
     return _ext.attention_decode(x, qkv_w, o_w, q_norm, k_norm, cos, sin, pool_k, pool_v,
                                  kv_slots, kv_offsets, num_heads, num_kv_heads, gated, eps,
-                                 scale, input_norm, input_eps, isa=isa)
+                                 scale, input_norm, input_eps, isa=isa, qkv_bias=qkv_bias)

@@ -1,8 +1,9 @@
 """Plain-torch fp32 reference of :func:`freetoken.ops.attention_decode.paged_decode_attention`.
 
-Sources: transformers ``Qwen3MoeAttention`` / ``Qwen3NextAttention`` at one new token per
-sequence (q/k RMSNorm over head_dim, NeoX RoPE on the first ``rot`` dims, GQA softmax attention,
-the Qwen3-Next ``sigmoid(gate)`` output gate, ``o_proj``).
+Sources: transformers ``Qwen3MoeAttention`` / ``Qwen3NextAttention`` / ``Glm4MoeAttention`` at
+one new token per sequence (optional q/k/v bias, q/k RMSNorm over head_dim when given, NeoX RoPE
+on the first ``rot`` dims, GQA softmax attention, the Qwen3-Next ``sigmoid(gate)`` output gate,
+``o_proj``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ def paged_decode_attention_reference(x, qkv_w, o_w, q_norm, k_norm, cos, sin, po
                                      kv_slots, kv_offsets, num_heads: int, num_kv_heads: int,
                                      gated: bool, eps: float, scale: float,
                                      input_norm: torch.Tensor | None = None,
-                                     input_eps: float = 1e-6) -> torch.Tensor:
+                                     input_eps: float = 1e-6,
+                                     qkv_bias: torch.Tensor | None = None) -> torch.Tensor:
     """Same arguments and effect as the kernel, computed in fp32 from the upcast inputs (the new
     K/V are written into ``pool_k`` / ``pool_v`` in their dtype, then read back like every
     other position). Returns ``[B, H]`` fp32."""
@@ -24,14 +26,19 @@ def paged_decode_attention_reference(x, qkv_w, o_w, q_norm, k_norm, cos, sin, po
         x = F.rms_norm(h, (h.shape[1],), input_norm.float(), input_eps)
         return h + paged_decode_attention_reference(x, qkv_w, o_w, q_norm, k_norm, cos, sin,
                                                     pool_k, pool_v, kv_slots, kv_offsets,
-                                                    num_heads, num_kv_heads, gated, eps, scale)
+                                                    num_heads, num_kv_heads, gated, eps, scale,
+                                                    qkv_bias=qkv_bias)
     b, hd = x.shape[0], pool_k.shape[2]
     nq = num_heads * hd
     q_rows, kv_rows = nq * (2 if gated else 1), num_kv_heads * hd
     qkv = x.float() @ qkv_w.float().t()
-    q = F.rms_norm(qkv[:, :nq].reshape(b, num_heads, hd), (hd,), q_norm.float(), eps)
-    k = F.rms_norm(qkv[:, q_rows:q_rows + kv_rows].reshape(b, num_kv_heads, hd), (hd,),
-                   k_norm.float(), eps)
+    if qkv_bias is not None:
+        qkv = qkv + qkv_bias.float()
+    q = qkv[:, :nq].reshape(b, num_heads, hd)
+    k = qkv[:, q_rows:q_rows + kv_rows].reshape(b, num_kv_heads, hd)
+    if q_norm is not None:
+        q = F.rms_norm(q, (hd,), q_norm.float(), eps)
+        k = F.rms_norm(k, (hd,), k_norm.float(), eps)
     v = qkv[:, q_rows + kv_rows:].reshape(b, num_kv_heads, hd)
     half = cos.shape[1]
 
