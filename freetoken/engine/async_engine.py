@@ -17,6 +17,7 @@ import itertools
 import logging
 import queue
 import threading
+import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -156,6 +157,7 @@ class AsyncEngine(EngineClient):
                 unsupported architecture), or ``max_model_len`` < 2 or above the config's limit.
         """
         from freetoken.models.config import ModelConfig
+        from freetoken.models.load_progress import load_reporter
         from freetoken.models.registry import load_model
 
         say = progress or (lambda _message: None)
@@ -169,7 +171,9 @@ class AsyncEngine(EngineClient):
         say(f"loading {config.model_type} weights ({config.num_hidden_layers} layers, "
             f"{config.num_experts} experts per MoE layer)")
         started = time.perf_counter()
-        model = load_model(path, dtype=dtype, device=device, moe=moe, bandwidths=bandwidths)
+        reporter = load_reporter(say, terminal=progress is not None and sys.stderr.isatty())
+        model = load_model(path, dtype=dtype, device=device, moe=moe, bandwidths=bandwidths,
+                           progress=reporter if progress is not None else None)
         say(f"weights loaded in {time.perf_counter() - started:.1f}s")
         runtime = getattr(model, "moe_runtime", None)
         if runtime is not None:

@@ -25,6 +25,8 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from freetoken.models.load_progress import LoadProgress, LoadStep
+
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 IGNORED_PREFIXES: tuple[str, ...] = ("mtp.", "model.visual.")
@@ -32,6 +34,8 @@ TEXT_PREFIX = "model.language_model."
 _FUSED_EXPERTS = re.compile(r"(.*\.mlp\.experts)\.(gate_up_proj|down_proj)")
 _LAYER = re.compile(r"model\.layers\.(\d+)\.")
 _LIST_LIMIT = 8
+_DTYPE_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "BF16": 2, "F16": 2,
+                "I16": 2, "U16": 2}  # every other safetensors dtype (U8, I8, F8_*, BOOL) is 1
 
 
 @dataclass(frozen=True)
@@ -191,6 +195,13 @@ class Checkpoint:
         """Shape of tensor ``name`` as stored (KeyError if absent)."""
         return self._shapes[name]
 
+    def nbytes(self, name: str) -> int:
+        """Stored bytes of tensor ``name`` (a fused expert's slice: its own bytes)."""
+        count = 1
+        for d in self._shapes[name]:
+            count *= d
+        return count * _DTYPE_BYTES.get(self._dtypes[name], 1)
+
     def dtype(self, name: str) -> str:
         """safetensors dtype code of tensor ``name`` as stored (``"BF16"``, ``"F32"``, ...;
         KeyError if absent)."""
@@ -234,21 +245,33 @@ def check_weights(checkpoint: Checkpoint, targets: dict[str, WeightTarget]) -> N
 
 
 @torch.no_grad()
-def load_weights(checkpoint: Checkpoint, targets: dict[str, WeightTarget]) -> None:
+def load_weights(checkpoint: Checkpoint, targets: dict[str, WeightTarget],
+                 progress: LoadProgress | None = None) -> None:
     """Copy every checkpoint tensor into its target, casting to the target's dtype.
 
-    Reads shard by shard, one tensor at a time, so peak extra memory is one tensor.
+    Reads shard by shard, one tensor at a time, so peak extra memory is one tensor; a shard that
+    holds no loaded tensor is not read.
+
+    Args:
+        progress: called with a :class:`~freetoken.models.load_progress.LoadStep` after every
+            tensor, or None.
 
     Raises:
         ValueError: see :func:`check_weights` (checked before any data is read).
     """
     check_weights(checkpoint, targets)
     wanted = {n: f for n, f in checkpoint.files.items() if n in targets}
-    for file, names in Checkpoint.by_file(wanted).items():
+    shards = Checkpoint.by_file(wanted)
+    total = sum(checkpoint.nbytes(n) for n in wanted)
+    done = 0
+    for index, (file, names) in enumerate(shards.items(), start=1):
         with safe_open(file, framework="pt") as f:
-            for name in names:
+            for i, name in enumerate(names):
                 target = targets[name]
                 src = checkpoint.read(f, name)
                 if target.rows is not None:
                     src = src.index_select(0, target.rows)
                 target.dest.copy_(src)
+                done += checkpoint.nbytes(name)
+                if progress is not None:
+                    progress(LoadStep(done, total, index, len(shards), i + 1 == len(names)))

@@ -20,6 +20,7 @@ from freetoken.models.glm4_moe import Glm4MoeForCausalLM
 from freetoken.models.host_memory import (
     available_host_memory, check_host_memory, host_bytes_needed, routed_expert_bytes,
 )
+from freetoken.models.load_progress import LoadProgress
 from freetoken.models.loader import Checkpoint, load_weights
 from freetoken.units import format_bytes
 from freetoken.models.qwen3_5_moe import Qwen3_5MoeForCausalLM
@@ -39,7 +40,8 @@ logger = logging.getLogger("freetoken.models")
 
 def load_model(path: str | Path, dtype: torch.dtype = torch.float32,
                device: str = "cpu", moe=None,
-               bandwidths: tuple[float, float] | None = None) -> CausalLM:
+               bandwidths: tuple[float, float] | None = None,
+               progress: LoadProgress | None = None) -> CausalLM:
     """Load an HF checkpoint directory (``config.json`` + safetensors) as a FreeToken model.
 
     Args:
@@ -50,6 +52,7 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32,
         moe: a ``freetoken.offload.backend.MoeConfig``; None (or a backend resolving to
             ``resident``) keeps every expert on the device as a parameter.
         bandwidths: profiled ``(B_P, B_H)`` in GB/s for the hybrid miss split.
+        progress: receives a ``LoadStep`` after every tensor read (``load_progress``), or None.
 
     Returns:
         the model in eval mode, parameters without grad.
@@ -82,12 +85,12 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32,
         from freetoken.offload.loading import build_offloaded
 
         model = build_offloaded(MODEL_CLASSES[arch], config, checkpoint, dtype, device, moe,
-                                bandwidths)
+                                bandwidths, progress)
         if model is not None:
             return model.eval()
     model = MODEL_CLASSES[arch](config, dtype=dtype, device=device)
     advise_huge_pages(model.parameters())  # before load_weights first writes them
-    load_weights(checkpoint, model.weight_targets())
+    load_weights(checkpoint, model.weight_targets(), progress)
     return model.eval()
 
 

@@ -122,7 +122,8 @@ def memory_watcher(runtime: OffloadRuntime, floor: int, device: torch.device) ->
 
 def build_offloaded(model_cls: type[DecoderLM], config: ModelConfig, checkpoint: Checkpoint,
                     dtype: torch.dtype, device: str | torch.device, moe: MoeConfig,
-                    bandwidths: tuple[float, float] | None = None) -> DecoderLM | None:
+                    bandwidths: tuple[float, float] | None = None,
+                    progress=None) -> DecoderLM | None:
     """Build and load ``model_cls`` with offloaded experts, or return None for ``resident``.
 
     Args:
@@ -130,6 +131,7 @@ def build_offloaded(model_cls: type[DecoderLM], config: ModelConfig, checkpoint:
         dtype: compute dtype; device: compute device.
         moe: backend settings (``auto`` resolved here).
         bandwidths: profiled ``(B_P, B_H)`` GB/s for the hybrid split, or None.
+        progress: ``loader.load_weights``'s per-tensor callback, or None.
 
     Raises:
         ValueError: checkpoint mismatch (see ``loader.load_weights``) or a bad cache spec.
@@ -153,7 +155,7 @@ def build_offloaded(model_cls: type[DecoderLM], config: ModelConfig, checkpoint:
         return stand_ins[-1]
 
     model = model_cls(config, dtype=dtype, device=device, experts_factory=factory)
-    load_weights(checkpoint, model.weight_targets())
+    load_weights(checkpoint, model.weight_targets(), progress)
     if moe.expert_format != "dense":
         banks.quantize(moe.expert_format)
     if device.type == "cuda":
