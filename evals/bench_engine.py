@@ -24,10 +24,10 @@ checkpoint's vocabulary (both engines get the ids, so tokenisers cannot differ).
 llama.cpp comes from ``evals/peers/build_llamacpp_tools.sh`` (its own llama-server, built once
 from the llama.cpp source in the llama-cpp-python sdist, ~20 min on 2 cores). The checkpoint
 defaults to the seeded ``small`` qwen3_moe preset (``freetoken make-tiny``); ``--model`` takes any
-qwen3_moe, qwen3_next or qwen3_5_moe checkpoint the converter maps (e.g. ``~/.cache/freetoken/
-models/small-qwen3_next`` or ``small-qwen3_5_moe``, llama.cpp arch ``qwen3next`` /
-``qwen35moe``). Run: ``python -m evals.bench_engine [--model DIR] [--prompts 16,512,2048]
-[--json F]``.
+qwen3_moe, qwen3_next, qwen3_5_moe or glm4_moe checkpoint the converter maps (e.g.
+``~/.cache/freetoken/models/small-qwen3_next``, ``small-qwen3_5_moe`` or ``small-glm4_moe``,
+llama.cpp arch ``qwen3next`` / ``qwen35moe`` / ``glm4moe``). Run: ``python -m evals.bench_engine
+[--model DIR] [--prompts 16,512,2048] [--json F]``.
 """
 
 from __future__ import annotations
@@ -61,7 +61,8 @@ def llamacpp_tools() -> tuple[Path, Path]:
 
 def bench_gguf(model: Path, gguf_python: Path, outtype: str) -> Path:
     digest = hashlib.sha256()
-    for name in ("convert_gguf.py", "gguf_vocab.py", "safetensors_np.py"):  # the converter
+    for name in ("convert_gguf.py", "gguf_plan.py", "gguf_glm4_moe.py", "gguf_vocab.py",
+                 "safetensors_np.py"):  # the converter
         digest.update((PEERS / name).read_bytes())
     for name in ("config.json", "freetoken_tiny.json"):
         if (model / name).exists():
@@ -243,8 +244,8 @@ def _counts(text: str) -> list[int]:
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", type=Path, default=None,
-                    help="qwen3_moe, qwen3_next or qwen3_5_moe checkpoint (default: the cached "
-                         "small qwen3_moe preset)")
+                    help="qwen3_moe, qwen3_next, qwen3_5_moe or glm4_moe checkpoint (default: "
+                         "the cached small qwen3_moe preset)")
     ap.add_argument("--prompts", type=_lengths, default="16,512,2048",
                     help="comma list of prompt lengths")
     ap.add_argument("--tokens", type=_positive, default=64, help="completion tokens per request")

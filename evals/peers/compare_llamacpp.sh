@@ -166,8 +166,9 @@ from freetoken.models.tiny import cached_tiny
 print(cached_tiny('$ARCH', 'small', 0, lambda m: print(m, file=sys.stderr)))")"
 
 # 3. GGUF
-KEY="$(cat "$MODEL_DIR/freetoken_tiny.json" "$HERE/convert_gguf.py" "$HERE/gguf_vocab.py" \
-        "$HERE/safetensors_np.py" | sha256sum | cut -c1-12)"
+KEY="$(cat "$MODEL_DIR/freetoken_tiny.json" "$HERE/convert_gguf.py" "$HERE/gguf_plan.py" \
+        "$HERE/gguf_glm4_moe.py" "$HERE/gguf_vocab.py" "$HERE/safetensors_np.py" \
+        | sha256sum | cut -c1-12)"
 GGUF_DIR="$CACHE/peers/gguf"
 GGUF="$GGUF_DIR/small-$ARCH-$KEY-$OUTTYPE.gguf"
 mkdir -p "$GGUF_DIR"

@@ -1,5 +1,5 @@
-"""Convert a FreeToken / Hugging Face ``qwen3_moe``, ``qwen3_next`` or ``qwen3_5_moe`` checkpoint
-to a GGUF file for llama.cpp.
+"""Convert a FreeToken / Hugging Face ``qwen3_moe``, ``qwen3_next``, ``qwen3_5_moe`` or ``glm4_moe``
+checkpoint to a GGUF file for llama.cpp.
 
 Usage (run with the peer virtualenv's python, which has numpy + ``gguf==0.19.0``)::
 
@@ -11,6 +11,8 @@ string, tensor names and metadata keys come from the ``gguf`` package at run tim
 each graph loads, and in which shape, from llama.cpp ``src/models/qwen3moe.cpp`` and
 ``src/models/qwen3next.cpp``, ``src/models/qwen35moe.cpp`` (``load_arch_hparams`` /
 ``load_arch_tensors`` and the graph). The ``config.json`` ``model_type`` picks the family.
+``glm4_moe`` (GLM-4.5 / 4.6 / 4.7 -> arch ``glm4moe``) is mapped in ``gguf_glm4_moe.py``, whose
+docstring has its table; the plan primitives both use are in ``gguf_plan.py``.
 
 **qwen3_moe** -> arch ``qwen3moe``:
 
@@ -129,7 +131,6 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import NamedTuple
 
 import numpy as np
 
@@ -137,12 +138,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import gguf  # noqa: E402  (pinned gguf==0.19.0 in the peer venv)
 
+import gguf_glm4_moe  # noqa: E402
+from gguf_plan import ConversionError, Planned, T  # noqa: E402
+from gguf_plan import one as _one  # noqa: E402
+from gguf_plan import stacked as _stacked  # noqa: E402
 from gguf_vocab import load_vocab  # noqa: E402
 from safetensors_np import SafetensorsCheckpoint  # noqa: E402
 
-T = gguf.MODEL_TENSOR
 ARCHES = {"qwen3_moe": gguf.MODEL_ARCH.QWEN3MOE, "qwen3_next": gguf.MODEL_ARCH.QWEN3NEXT,
-          "qwen3_5_moe": gguf.MODEL_ARCH.QWEN35MOE}
+          "qwen3_5_moe": gguf.MODEL_ARCH.QWEN35MOE, "glm4_moe": gguf_glm4_moe.ARCH}
 _HYBRID = ("qwen3_next", "qwen3_5_moe")  # Gated DeltaNet + gated attention, zero-centred norms
 _GLOBAL_TENSORS = {"embed_tokens.weight": T.TOKEN_EMBD, "norm.weight": T.OUTPUT_NORM,
                    "lm_head.weight": T.OUTPUT}  # after the family's _PREFIX, lm_head top-level
@@ -165,7 +169,6 @@ _DELTANET_TENSORS = {  # qwen3_next linear-attention layers, copied as stored
     "linear_attn.norm.weight": T.SSM_NORM,
     "linear_attn.out_proj.weight": T.SSM_OUT,
 }
-_SUFFIX = {T.SSM_DT: ".bias", T.SSM_A: ""}  # every other tensor is "<name>.weight"
 _ALWAYS_F32 = {T.FFN_GATE_INP, T.FFN_GATE_INP_SHEXP, T.SSM_CONV1D}
 _SKIPPED_PREFIXES = {"qwen3_next": ("mtp.",), "qwen3_5_moe": ("mtp.", "model.visual.")}
 _OUTTYPES = {
@@ -173,29 +176,6 @@ _OUTTYPES = {
     "bf16": (gguf.GGMLQuantizationType.BF16, gguf.LlamaFileType.MOSTLY_BF16),
     "f16": (gguf.GGMLQuantizationType.F16, gguf.LlamaFileType.MOSTLY_F16),
 }
-
-
-class ConversionError(ValueError):
-    """The checkpoint cannot be expressed as a llama.cpp GGUF (message says why)."""
-
-
-class Planned(NamedTuple):
-    """One GGUF tensor: its name and kind, the HF tensors it is made of (several: stacked on a
-    new axis 0, in expert order), the numpy shape written (ggml ne reversed) and the transform
-    applied to the (stacked) array. Transforms that only reorder (``fn`` of a 2-D or larger
-    tensor) also run on raw bf16 bit patterns; arithmetic ones are used on 1-D tensors, which are
-    always read as float32."""
-
-    name: str
-    kind: gguf.MODEL_TENSOR
-    hf: list[str]
-    shape: tuple[int, ...]
-    fn: Callable[[np.ndarray], np.ndarray] | None = None
-
-
-def _name(kind: gguf.MODEL_TENSOR, bid: int | None = None) -> str:
-    fmt = gguf.TENSOR_NAMES[kind]
-    return (fmt.format(bid=bid) if bid is not None else fmt) + _SUFFIX.get(kind, ".weight")
 
 
 def _plus_one(x: np.ndarray) -> np.ndarray:
@@ -247,24 +227,13 @@ def _is_linear(config: dict, layer: int) -> bool:
     return (layer + 1) % config.get("full_attention_interval", 4) != 0
 
 
-def _one(shapes: dict, hf: str, kind: gguf.MODEL_TENSOR, bid: int | None = None,
-         fn: Callable[[np.ndarray], np.ndarray] | None = None,
-         shape: tuple[int, ...] | None = None) -> Planned:
-    """A GGUF tensor from one HF tensor; ``shape`` defaults to the stored one (a missing HF
-    tensor gets shape () here and is reported by :func:`plan_tensors`)."""
-    return Planned(_name(kind, bid), kind, [hf], shapes.get(hf, ()) if shape is None else shape, fn)
-
-
 def _experts(shapes: dict, config: dict, i: int) -> list[Planned]:
     pre = f"{_PREFIX.get(config['model_type'], 'model.')}layers.{i}.mlp.experts."
     if config["model_type"] == "qwen3_5_moe":  # fused, already stacked per expert
         return [_one(shapes, pre + "gate_up_proj", T.FFN_GATE_UP_EXP, i),
                 _one(shapes, pre + "down_proj", T.FFN_DOWN_EXP, i)]
-    out = []
-    for proj, kind in _EXPERT_TENSORS.items():
-        names = [f"{pre}{e}.{proj}.weight" for e in range(config["num_experts"])]
-        out.append(Planned(_name(kind, i), kind, names, (len(names), *shapes.get(names[0], ()))))
-    return out
+    return [_stacked(shapes, [f"{pre}{e}.{proj}.weight" for e in range(config["num_experts"])],
+                     kind, i) for proj, kind in _EXPERT_TENSORS.items()]
 
 
 def _plan_qwen3_moe(config: dict, shapes: dict) -> list[Planned]:
@@ -360,12 +329,16 @@ def plan_tensors(config: dict, ckpt: SafetensorsCheckpoint) -> list[Planned]:
         hf = hf if kind == T.OUTPUT else _PREFIX.get(family, "model.") + hf
         plan.append(_one(shapes, hf, kind, fn=_plus_one if family in _HYBRID and
                          kind == T.OUTPUT_NORM else None))
-    plan += (_plan_hybrid if family in _HYBRID else _plan_qwen3_moe)(config, shapes)
+    if family == "glm4_moe":
+        plan += gguf_glm4_moe.plan(config, shapes)
+    else:
+        plan += (_plan_hybrid if family in _HYBRID else _plan_qwen3_moe)(config, shapes)
     wanted = {n for p in plan for n in p.hf}
     have = set(shapes)
     if missing := sorted(wanted - have):
         raise ConversionError(f"checkpoint lacks {len(missing)} tensors, e.g. {missing[:3]}")
-    skipped = _SKIPPED_PREFIXES.get(family, ())
+    skipped = (gguf_glm4_moe.skipped_prefixes(config) if family == "glm4_moe"
+               else _SKIPPED_PREFIXES.get(family, ()))
     if extra := sorted(n for n in have - wanted if not n.startswith(skipped)):
         raise ConversionError(f"{len(extra)} checkpoint tensors have no GGUF mapping: {extra[:3]}")
     arch = ARCHES[family]
@@ -377,10 +350,12 @@ def plan_tensors(config: dict, ckpt: SafetensorsCheckpoint) -> list[Planned]:
 
 def _rope(config: dict) -> tuple[float, float, object]:
     """(rope_theta, partial_rotary_factor, scaling) from top-level keys (transformers v4) or
-    ``rope_parameters`` (v5); scaling is None for plain RoPE."""
+    ``rope_parameters`` (v5); scaling is None for plain RoPE. partial_rotary_factor defaults to
+    transformers' 0.5 for glm4_moe, else to 1.0."""
     params = config.get("rope_parameters") or {}
     theta = params.get("rope_theta", config.get("rope_theta"))
-    partial = params.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0))
+    default = 0.5 if config.get("model_type") == "glm4_moe" else 1.0
+    partial = params.get("partial_rotary_factor", config.get("partial_rotary_factor", default))
     scaling = config.get("rope_scaling")
     if params.get("rope_type", "default") != "default":
         scaling = params
@@ -405,6 +380,9 @@ def _check_config(config: dict) -> None:
     arch = gguf.MODEL_ARCH_NAMES[ARCHES[family]]
     if (scaling := _rope(config)[2]) is not None:
         raise ConversionError(f"rope scaling {scaling!r} is not mapped")
+    if family == "glm4_moe":  # q/k/v biases, sigmoid group-limited routing, dense layers first
+        gguf_glm4_moe.check(config)
+        return
     if config.get("attention_bias"):
         raise ConversionError("attention_bias=true is not mapped")
     if family in _HYBRID:
@@ -453,9 +431,12 @@ def _write_metadata(w: gguf.GGUFWriter, config: dict, model_dir: Path, ftype) ->
     theta, partial, _ = _rope(config)
     w.add_rope_freq_base(theta)
     w.add_layer_norm_rms_eps(float(config["rms_norm_eps"]))
-    w.add_expert_count(config["num_experts"])
-    w.add_expert_used_count(config["num_experts_per_tok"])
-    w.add_expert_feed_forward_length(config["moe_intermediate_size"])
+    if config["model_type"] == "glm4_moe":
+        gguf_glm4_moe.add_hparams(w, config, head_dim, partial)
+    else:
+        w.add_expert_count(config["num_experts"])
+        w.add_expert_used_count(config["num_experts_per_tok"])
+        w.add_expert_feed_forward_length(config["moe_intermediate_size"])
     if config["model_type"] in _HYBRID:
         w.add_rope_dimension_count(int(head_dim * partial))
         w.add_expert_shared_feed_forward_length(config["shared_expert_intermediate_size"])
@@ -479,6 +460,8 @@ def _write_metadata(w: gguf.GGUFWriter, config: dict, model_dir: Path, ftype) ->
     w.add_token_merges(vocab.merges)
     w.add_bos_token_id(vocab.bos_id)
     w.add_eos_token_id(vocab.eos_id)
+    if config["model_type"] == "glm4_moe":
+        gguf_glm4_moe.add_turn_ends(w, vocab.tokens)
     if vocab.pad_id is not None:
         w.add_pad_token_id(vocab.pad_id)
     w.add_add_bos_token(False)
@@ -510,8 +493,8 @@ def _encode(ckpt: SafetensorsCheckpoint, p: Planned, qtype) -> np.ndarray:
 
 def convert(model_dir: str | Path, out_path: str | Path, outtype: str = "f32",
             log=print) -> Path:
-    """Write ``out_path`` (GGUF, arch ``qwen3moe``, ``qwen3next`` or ``qwen35moe``) from the
-    checkpoint in ``model_dir``.
+    """Write ``out_path`` (GGUF, arch ``qwen3moe``, ``qwen3next``, ``qwen35moe`` or ``glm4moe``)
+    from the checkpoint in ``model_dir``.
 
     Args:
         model_dir: HF checkpoint directory (config.json, safetensors, tokenizer.json).

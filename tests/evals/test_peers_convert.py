@@ -1,8 +1,10 @@
-"""``evals/peers/convert_gguf.py`` on the tiny qwen3_next and qwen3_5_moe checkpoints: the GGUF
-holds the tensors, shapes and keys llama.cpp's ``qwen3next`` / ``qwen35moe`` loaders ask for; the
-regrouped qwen3_next tensors give the same q/k/v/z/b/a as the Hugging Face model's own split, and
-the qwen3_5_moe DeltaNet layer computed from the GGUF tensors the way llama.cpp's graph does
-(value heads reading key heads by tiling) equals the Hugging Face layer.
+"""``evals/peers/convert_gguf.py`` on the tiny qwen3_next, qwen3_5_moe and glm4_moe checkpoints:
+the GGUF holds the tensors, shapes and keys llama.cpp's ``qwen3next`` / ``qwen35moe`` /
+``glm4moe`` loaders ask for; the regrouped qwen3_next tensors give the same q/k/v/z/b/a as the
+Hugging Face model's own split, the qwen3_5_moe DeltaNet layer computed from the GGUF tensors the
+way llama.cpp's graph does (value heads reading key heads by tiling) equals the Hugging Face
+layer, and so does a glm4_moe MoE block routed from the GGUF tensors and keys the way llama.cpp's
+``build_moe_ffn`` does (sigmoid scores, selection bias, expert groups, routed scale).
 
 The converter needs the ``gguf`` package, which lives in the peer venv of
 ``evals/peers/build_llamacpp_tools.sh`` (``$FREETOKEN_CACHE/peers/llamacpp-tools-0.3.36/
@@ -23,7 +25,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
+from transformers.models.glm4_moe.configuration_glm4_moe import Glm4MoeConfig
+from transformers.models.glm4_moe.modeling_glm4_moe import Glm4MoeMoE
 from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextGatedDeltaNet
 from transformers.models.qwen3_5_moe.configuration_qwen3_5_moe import Qwen3_5MoeTextConfig
 from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import Qwen3_5MoeGatedDeltaNet
@@ -44,7 +48,8 @@ pytestmark = pytest.mark.skipif(not GGUF_PYTHON.is_file(),
 _DUMP = """
 import json, sys, numpy as np, gguf
 r = gguf.GGUFReader(sys.argv[1])
-meta = {k: f.contents() for k, f in r.fields.items() if not k.startswith("tokenizer.")}
+meta = {k: f.contents() for k, f in r.fields.items() if not k.startswith("tokenizer.")
+        or k.endswith("_id") or k == "tokenizer.ggml.pre"}
 info, arrays = {}, {}
 for t in r.tensors:
     info[t.name] = [[int(n) for n in t.shape], t.tensor_type.name]
@@ -346,6 +351,233 @@ def test_unmappable_qwen3_5_configs_are_refused(tiny_35: Path, tmp_path: Path, c
         (tmp_path / name).symlink_to(tiny_35 / name)
     config = json.loads((tiny_35 / "config.json").read_text())
     config["text_config"] |= change
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    res = subprocess.run([str(GGUF_PYTHON), str(CONVERT), str(tmp_path), str(tmp_path / "o.gguf")],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and message in res.stderr, res.stderr
+    assert not (tmp_path / "o.gguf").exists()
+
+
+@pytest.fixture(scope="module")
+def tiny_glm() -> Path:
+    return cached_tiny("glm4_moe", "tiny")
+
+
+@pytest.fixture(scope="module")
+def converted_glm(tiny_glm: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    root = tmp_path_factory.mktemp("gguf_glm")
+    return {t: _convert(tiny_glm, root / t, t) for t in ("f32", "bf16")}
+
+
+# Every non-default routing / attention setting at once: q/k norms, 4 groups of 4 experts of which
+# the best 2 are kept, a routed scale, no renormalisation.
+_GLM_VARIANT = {"use_qk_norm": True, "n_group": 4, "topk_group": 2, "routed_scaling_factor": 2.5,
+                "norm_topk_prob": False}
+
+
+@pytest.fixture(scope="module")
+def glm_variant(tiny_glm: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny glm4_moe with :data:`_GLM_VARIANT`, q/k norm weights and the start of a released
+    checkpoint's MTP layer (``model.layers.4.``, num_nextn_predict_layers 1)."""
+    root = tmp_path_factory.mktemp("glm_variant")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (root / name).symlink_to(tiny_glm / name)
+    config = json.loads((tiny_glm / "config.json").read_text()) | _GLM_VARIANT
+    (root / "config.json").write_text(json.dumps(config))
+    tensors = load_file(tiny_glm / "model.safetensors")
+    g, h, d = torch.Generator().manual_seed(0), config["hidden_size"], config["head_dim"]
+    for i in range(config["num_hidden_layers"]):
+        for norm in ("q_norm", "k_norm"):
+            tensors[f"model.layers.{i}.self_attn.{norm}.weight"] = (
+                1 + 0.3 * torch.randn(d, generator=g)).to(torch.bfloat16)
+    tensors |= {"model.layers.4.eh_proj.weight": torch.zeros(h, 2 * h, dtype=torch.bfloat16),
+                "model.layers.4.enorm.weight": torch.ones(h, dtype=torch.bfloat16),
+                "model.layers.4.mlp.gate.weight": torch.zeros(16, h, dtype=torch.bfloat16)}
+    save_file(tensors, root / "model.safetensors")
+    return root
+
+
+def _expected_tensors_glm(c: dict) -> dict[str, list[int]]:
+    """Name -> ggml ne of every tensor llama.cpp's glm4moe ``load_arch_tensors`` creates (separate
+    q/k/v with biases, q/k norms only with use_qk_norm; no nextn block)."""
+    h, v, e, f = c["hidden_size"], c["vocab_size"], c["n_routed_experts"], c["intermediate_size"]
+    d, nq, nkv = c["head_dim"], c["num_attention_heads"], c["num_key_value_heads"]
+    fe = c["moe_intermediate_size"]
+    fs = fe * c["n_shared_experts"]
+    out = {"token_embd.weight": [h, v], "output_norm.weight": [h], "output.weight": [h, v]}
+    for i in range(c["num_hidden_layers"]):
+        b = f"blk.{i}."
+        out |= {b + "attn_norm.weight": [h], b + "attn_q.weight": [h, nq * d],
+                b + "attn_q.bias": [nq * d], b + "attn_k.weight": [h, nkv * d],
+                b + "attn_k.bias": [nkv * d], b + "attn_v.weight": [h, nkv * d],
+                b + "attn_v.bias": [nkv * d], b + "attn_output.weight": [nq * d, h],
+                b + "post_attention_norm.weight": [h]}
+        if c["use_qk_norm"]:
+            out |= {b + "attn_q_norm.weight": [d], b + "attn_k_norm.weight": [d]}
+        if i < c["first_k_dense_replace"]:
+            out |= {b + "ffn_gate.weight": [h, f], b + "ffn_up.weight": [h, f],
+                    b + "ffn_down.weight": [f, h]}
+        else:
+            out |= {b + "ffn_gate_inp.weight": [h, e], b + "exp_probs_b.bias": [e],
+                    b + "ffn_gate_exps.weight": [h, fe, e], b + "ffn_up_exps.weight": [h, fe, e],
+                    b + "ffn_down_exps.weight": [fe, h, e], b + "ffn_gate_shexp.weight": [h, fs],
+                    b + "ffn_up_shexp.weight": [h, fs], b + "ffn_down_shexp.weight": [fs, h]}
+    return out
+
+
+def _glm_keys(meta: dict) -> dict:
+    kv = meta["meta"]
+    assert kv["general.architecture"] == "glm4moe"
+    return {k.removeprefix("glm4moe."): kv[k] for k in kv if k.startswith("glm4moe.")}
+
+
+def test_glm4_moe_tensors_and_keys_are_what_llama_cpp_glm4moe_loads(tiny_glm: Path,
+                                                                   converted_glm: dict) -> None:
+    c = json.loads((tiny_glm / "config.json").read_text())
+    meta, _ = converted_glm["f32"]
+    assert {k: v[0] for k, v in meta["tensors"].items()} == _expected_tensors_glm(c)
+    assert _glm_keys(meta) == {
+        "block_count": 4, "context_length": 131072, "embedding_length": 256,
+        "feed_forward_length": 512, "attention.head_count": 4, "attention.head_count_kv": 2,
+        "attention.key_length": 64, "attention.value_length": 64, "rope.freq_base": 1e6,
+        "attention.layer_norm_rms_epsilon": pytest.approx(1e-5), "rope.dimension_count": 32,
+        "expert_count": 16, "expert_used_count": 4, "expert_feed_forward_length": 128,
+        "expert_shared_count": 1, "leading_dense_block_count": 1, "expert_gating_func": 2,
+        "expert_weights_norm": True, "expert_weights_scale": 1.0}
+    kv = meta["meta"]  # <|endoftext|> 8192 ends text and pads; <|user|>, <|observation|> turns
+    assert [kv[f"tokenizer.ggml.{k}"] for k in ("pre", "eos_token_id", "eot_token_id",
+                                                "eom_token_id", "padding_token_id")] == [
+        "qwen2", 8192, 8199, 8201, 8192]
+    assert c["eos_token_id"] == [8192, 8199, 8201]
+    types = {k: v[1] for k, v in converted_glm["bf16"][0]["tensors"].items()}
+    assert (types["blk.1.ffn_gate_inp.weight"] == types["blk.1.exp_probs_b.bias"]
+            == types["blk.0.attn_q.bias"] == "F32")
+    assert types["blk.0.ffn_gate.weight"] == types["blk.1.ffn_up_exps.weight"] == "BF16"
+    f32, bf16 = converted_glm["f32"][1], converted_glm["bf16"][1]
+    assert all(np.array_equal(x, bf16[name]) for name, x in f32.items())  # exact for bf16 weights
+
+
+def test_glm4_moe_tensors_are_copied_as_stored(tiny_glm: Path, converted_glm: dict) -> None:
+    hf = {k: t.float().numpy() for k, t in load_file(tiny_glm / "model.safetensors").items()}
+    arrays, m = converted_glm["f32"][1], "model.layers."
+    pairs = {"token_embd.weight": "model.embed_tokens.weight", "output.weight": "lm_head.weight",
+             "output_norm.weight": "model.norm.weight",  # plain w * rms: no +1
+             "blk.0.attn_norm.weight": m + "0.input_layernorm.weight",
+             "blk.2.post_attention_norm.weight": m + "2.post_attention_layernorm.weight",
+             "blk.2.attn_q.bias": m + "2.self_attn.q_proj.bias",
+             "blk.2.attn_v.bias": m + "2.self_attn.v_proj.bias",
+             "blk.3.attn_k.weight": m + "3.self_attn.k_proj.weight",
+             "blk.0.ffn_down.weight": m + "0.mlp.down_proj.weight",
+             "blk.1.ffn_gate_inp.weight": m + "1.mlp.gate.weight",
+             "blk.1.exp_probs_b.bias": m + "1.mlp.gate.e_score_correction_bias",
+             "blk.3.ffn_gate_shexp.weight": m + "3.mlp.shared_experts.gate_proj.weight",
+             "blk.3.ffn_down_shexp.weight": m + "3.mlp.shared_experts.down_proj.weight"}
+    for name, hf_name in pairs.items():
+        np.testing.assert_array_equal(arrays[name], hf[hf_name], err_msg=name)
+    for proj, kind in (("up_proj", "ffn_up_exps"), ("down_proj", "ffn_down_exps")):
+        np.testing.assert_array_equal(arrays[f"blk.2.{kind}.weight"], np.stack(
+            [hf[f"{m}2.mlp.experts.{e}.{proj}.weight"] for e in range(16)]))
+    assert np.abs(arrays["blk.1.exp_probs_b.bias"]).max() > 0  # a real bias, not zeros
+
+
+def test_glm4_moe_variant_keys_qk_norms_and_mtp_left_out(glm_variant: Path,
+                                                        tmp_path: Path) -> None:
+    c = json.loads((glm_variant / "config.json").read_text())
+    meta, arrays = _convert(glm_variant, tmp_path, "f32")
+    assert {k: v[0] for k, v in meta["tensors"].items()} == _expected_tensors_glm(c)
+    keys = _glm_keys(meta)
+    assert {k: keys[k] for k in ("block_count", "expert_weights_norm", "expert_weights_scale",
+                                 "expert_group_count", "expert_group_used_count")} == {
+        "block_count": 4, "expert_weights_norm": False, "expert_weights_scale": 2.5,
+        "expert_group_count": 4, "expert_group_used_count": 2}
+    assert "glm4moe.nextn_predict_layers" not in meta["meta"]  # llama.cpp expects no nextn
+    hf = load_file(glm_variant / "model.safetensors")
+    np.testing.assert_array_equal(arrays["blk.3.attn_k_norm.weight"],
+                                  hf["model.layers.3.self_attn.k_norm.weight"].float().numpy())
+    # a topk_group equal to n_group masks nothing: no group keys (llama.cpp asserts used < count)
+    (tmp_path / "all").mkdir()
+    for name in ("model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+        (tmp_path / "all" / name).symlink_to(glm_variant / name)
+    (tmp_path / "all" / "config.json").write_text(json.dumps(c | {"topk_group": 4}))
+    keys = _glm_keys(_convert(tmp_path / "all", tmp_path / "all", "f32")[0])
+    assert "expert_group_count" not in keys and "expert_group_used_count" not in keys
+
+
+def _moe_llama_cpp(t: dict, keys: dict, x: np.ndarray) -> np.ndarray:
+    """llama.cpp's glm4moe FFN of a MoE layer (``build_moe_ffn`` + shared expert) in float64 from
+    GGUF-named tensors ``t`` (numpy order) and the file's keys."""
+    silu = lambda a: a / (1 + np.exp(-a))  # noqa: E731
+    probs = 1 / (1 + np.exp(-(x @ t["ffn_gate_inp.weight"].T)))  # expert_gating_func sigmoid
+    select = probs + t["exp_probs_b.bias"]
+    if (groups := keys.get("expert_group_count", 0)) > 1:
+        g = select.reshape(len(x), groups, -1)
+        best = np.sort(g, axis=-1)[..., -2:].sum(-1)  # the two best per group
+        keep = np.argsort(-best, axis=-1)[:, :keys["expert_group_used_count"]]
+        masked = np.full_like(g, -np.inf)
+        rows = np.arange(len(x))[:, None]
+        masked[rows, keep] = g[rows, keep]
+        select = masked.reshape(len(x), -1)
+    ids = np.argsort(-select, axis=-1)[:, :keys["expert_used_count"]]
+    w = np.take_along_axis(probs, ids, axis=-1)
+    if keys["expert_weights_norm"]:
+        w = w / np.maximum(w.sum(-1, keepdims=True), 6.103515625e-5)
+    w = w * keys["expert_weights_scale"]
+    out = (silu(x @ t["ffn_gate_shexp.weight"].T) * (x @ t["ffn_up_shexp.weight"].T)
+           ) @ t["ffn_down_shexp.weight"].T
+    for n in range(len(x)):
+        for j, e in enumerate(ids[n]):
+            act = silu(t["ffn_gate_exps.weight"][e] @ x[n]) * (t["ffn_up_exps.weight"][e] @ x[n])
+            out[n] += w[n, j] * (t["ffn_down_exps.weight"][e] @ act)
+    return out
+
+
+def test_glm4_moe_routing_from_the_gguf_equals_the_hf_moe_block(glm_variant: Path,
+                                                                tmp_path: Path) -> None:
+    c = json.loads((glm_variant / "config.json").read_text())
+    hf = load_file(glm_variant / "model.safetensors")
+    m = "model.layers.1.mlp."
+    block = Glm4MoeMoE(Glm4MoeConfig(**c)).float()
+    with torch.no_grad():
+        block.gate.weight.copy_(hf[m + "gate.weight"].float())
+        block.gate.e_score_correction_bias.copy_(hf[m + "gate.e_score_correction_bias"].float())
+        block.experts.gate_up_proj.copy_(torch.stack([torch.cat(
+            [hf[f"{m}experts.{e}.{p}.weight"].float() for p in ("gate_proj", "up_proj")])
+            for e in range(16)]))
+        block.experts.down_proj.copy_(torch.stack(
+            [hf[f"{m}experts.{e}.down_proj.weight"].float() for e in range(16)]))
+        block.shared_experts.load_state_dict({k.removeprefix(m + "shared_experts."): w.float()
+                                              for k, w in hf.items()
+                                              if k.startswith(m + "shared_experts.")})
+        x = torch.randn(1, 24, c["hidden_size"], generator=torch.Generator().manual_seed(0))
+        want = block(x)[0].double().numpy()
+    meta, arrays = _convert(glm_variant, tmp_path, "f32")
+    keys = _glm_keys(meta)
+    t = {k.removeprefix("blk.1."): a.astype(np.float64) for k, a in arrays.items()
+         if k.startswith("blk.1.")}
+    x64 = x[0].double().numpy()
+    got = _moe_llama_cpp(t, keys, x64)
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
+    ungrouped = _moe_llama_cpp(t, {k: v for k, v in keys.items() if "group" not in k}, x64)
+    assert np.abs(ungrouped - want).max() > 1e-2 * np.abs(want).max()  # the groups do matter
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"n_shared_experts": 0}, "n_shared_experts < 1: llama.cpp's glm4moe always adds"),
+    ({"hidden_act": "gelu"}, "hidden_act 'gelu': llama.cpp's glm4moe is silu"),
+    ({"n_group": 3}, "n_routed_experts 16 does not split into n_group 3 groups"),
+    ({"topk_group": 2}, "topk_group 2 is not in 1..n_group (1)"),
+    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope scaling {'rope_type': 'yarn'"),
+    ({"use_qk_norm": True}, "checkpoint lacks 8 tensors, e.g. ['model.layers.0.self_attn.k_norm"),
+    ({"num_nextn_predict_layers": 0}, "3 checkpoint tensors have no GGUF mapping: "
+                                      "['model.layers.4.eh_proj.weight'"),
+])
+def test_unmappable_glm4_moe_configs_are_refused(glm_variant: Path, tiny_glm: Path,
+                                                 tmp_path: Path, change: dict,
+                                                 message: str) -> None:
+    src = glm_variant if "num_nextn_predict_layers" in change else tiny_glm
+    for name in ("model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+        (tmp_path / name).symlink_to(src / name)
+    config = json.loads((src / "config.json").read_text()) | change
     (tmp_path / "config.json").write_text(json.dumps(config))
     res = subprocess.run([str(GGUF_PYTHON), str(CONVERT), str(tmp_path), str(tmp_path / "o.gguf")],
                          capture_output=True, text=True, timeout=120)
