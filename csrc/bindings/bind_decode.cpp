@@ -207,10 +207,14 @@ void moe_weights(MoeBlockProblem& p, const std::string& dtype, int64_t hidden,
                  const py::handle& norm, double eps, const py::handle& router,
                  const py::handle& gate_up, const py::handle& down,
                  const py::handle& shared_gate_up, const py::handle& shared_down, int64_t top_k,
-                 bool norm_topk_prob, std::vector<TensorArg>& keep) {
+                 bool norm_topk_prob, std::vector<TensorArg>& keep,
+                 const py::handle& score_bias, int64_t n_group, int64_t topk_group,
+                 double routed_scaling) {
   const std::vector<std::string> same = {dtype};
+  const bool sigmoid = !score_bias.is_none();
   TensorArg na = check_tensor(norm, "norm", "[H]", 1, {"float32"});
-  TensorArg ra = check_tensor(router, "router", "[E (+1), H]", 2, same);
+  TensorArg ra = sigmoid ? check_tensor(router, "router", "[E, H]", 2, {"float32"})
+                         : check_tensor(router, "router", "[E (+1), H]", 2, same);
   TensorArg gu = check_tensor(gate_up, "gate_up", "[E, 2I, H]", 3, same);
   TensorArg dn = check_tensor(down, "down", "[E, H, I]", 3, same);
   const int64_t H = hidden, E = gu.shape[0], I = gu.shape[1] / 2;
@@ -221,9 +225,24 @@ void moe_weights(MoeBlockProblem& p, const std::string& dtype, int64_t hidden,
     fail("gate_up " + shape_str(gu.shape) + " / down " + shape_str(dn.shape) +
          " must be [E, 2I, " + std::to_string(H) + "] / [E, " + std::to_string(H) + ", I]");
   }
-  if (ra.shape[0] != E + (shared ? 1 : 0) || ra.shape[1] != H) {
-    fail("router " + shape_str(ra.shape) + " must be [" + std::to_string(E + (shared ? 1 : 0)) +
-         ", " + std::to_string(H) + "]");
+  const int64_t router_rows = E + (shared && !sigmoid ? 1 : 0);
+  if (ra.shape[0] != router_rows || ra.shape[1] != H) {
+    fail("router " + shape_str(ra.shape) + " must be [" + std::to_string(router_rows) + ", " +
+         std::to_string(H) + "]");
+  }
+  if (sigmoid) {
+    TensorArg ba = check_tensor(score_bias, "score_bias", "[E]", 1, {"float32"});
+    if (ba.shape[0] != E) fail("score_bias must be [" + std::to_string(E) + "]");
+    if (n_group < 1 || E % n_group != 0 || E / n_group < 2 || topk_group < 1 ||
+        topk_group > n_group || top_k > topk_group * (E / n_group)) {
+      fail("n_group " + std::to_string(n_group) + " / topk_group " + std::to_string(topk_group) +
+           " do not fit " + std::to_string(E) + " experts and top_k " + std::to_string(top_k));
+    }
+    p.score_bias = fp32_data(ba);
+    p.n_group = n_group;
+    p.topk_group = topk_group;
+    p.routed_scaling = static_cast<float>(routed_scaling);
+    keep.push_back(std::move(ba));
   }
   if (top_k < 1 || top_k > E) {
     fail("top_k " + std::to_string(top_k) + " outside [1, " + std::to_string(E) + "]");
@@ -247,7 +266,7 @@ void moe_weights(MoeBlockProblem& p, const std::string& dtype, int64_t hidden,
   p.intermediate = I;
   p.top_k = top_k;
   p.norm_topk_prob = norm_topk_prob;
-  p.bf16 = ra.is_bf16;
+  p.bf16 = gu.is_bf16;
   p.norm = fp32_data(na);
   p.eps = static_cast<float>(eps);
   p.router = ra.data;
@@ -312,13 +331,14 @@ py::tuple moe_block_decode(const py::handle& h, const py::handle& norm, double e
                            const py::handle& router, const py::handle& gate_up,
                            const py::handle& down, const py::handle& shared_gate_up,
                            const py::handle& shared_down, int64_t top_k, bool norm_topk_prob,
-                           const std::optional<std::string>& isa) {
+                           const std::optional<std::string>& isa, const py::handle& score_bias,
+                           int64_t n_group, int64_t topk_group, double routed_scaling) {
   TensorArg ha = check_tensor(h, "h", "[B, H]", 2, kDense);
   const int64_t B = ha.shape[0], H = ha.shape[1];
   std::vector<TensorArg> keep;
   MoeBlockProblem p;
   moe_weights(p, ha.dtype, H, norm, eps, router, gate_up, down, shared_gate_up, shared_down,
-              top_k, norm_topk_prob, keep);
+              top_k, norm_topk_prob, keep, score_bias, n_group, topk_group, routed_scaling);
   p.batch = B;
   p.h = ha.data;
   p.isa = resolve_isa(isa);
@@ -374,7 +394,8 @@ void bind_decode(py::module_& m) {
   m.def("moe_block_decode", &moe_block_decode, py::arg("h"), py::arg("norm"), py::arg("eps"),
         py::arg("router"), py::arg("gate_up"), py::arg("down"), py::arg("shared_gate_up"),
         py::arg("shared_down"), py::arg("top_k"), py::arg("norm_topk_prob"),
-        py::arg("isa") = py::none(),
+        py::arg("isa") = py::none(), py::arg("score_bias") = py::none(),
+        py::arg("n_group") = 1, py::arg("topk_group") = 1, py::arg("routed_scaling") = 1.0,
         "One decode step of a sparse MoE block with resident dense experts "
         "(freetoken/moe_block.h): returns (h + block(h) [B, H] fp32, topk_ids [B, k] int64).");
   m.def("gdn_decode", &gdn_decode, py::arg("x"), py::arg("in_w"), py::arg("conv_w"),

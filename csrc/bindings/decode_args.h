@@ -44,12 +44,15 @@ void gdn_states(const GdnDecodeProblem& p, const std::string& dtype, int64_t bat
                 const py::list& conv_states, const py::list& recurrent, std::vector<void*>& conv,
                 std::vector<float*>& rec, std::vector<TensorArg>& keep);
 
-// The MoE block's norm, router and experts into p.
+// The MoE block's norm, router and experts into p. score_bias [E] fp32 (not None) selects
+// sigmoid group routing (n_group, topk_group, routed_scaling; router fp32 [E, H]).
 void moe_weights(MoeBlockProblem& p, const std::string& dtype, int64_t hidden,
                  const py::handle& norm, double eps, const py::handle& router,
                  const py::handle& gate_up, const py::handle& down,
                  const py::handle& shared_gate_up, const py::handle& shared_down, int64_t top_k,
-                 bool norm_topk_prob, std::vector<TensorArg>& keep);
+                 bool norm_topk_prob, std::vector<TensorArg>& keep,
+                 const py::handle& score_bias = py::none(), int64_t n_group = 1,
+                 int64_t topk_group = 1, double routed_scaling = 1.0);
 
 // A new torch int64 tensor [rows, cols] and its data.
 py::object empty_int64(int64_t rows, int64_t cols, int64_t** data);

@@ -1,5 +1,5 @@
 // The decode MoE block over the pool (freetoken/moe_block.h), compiled without ISA flags: the
-// norm and the routing run on the calling thread (B * (H + E) values), the router, the experts
+// norm and the routing (softmax, or GLM's sigmoid group routing) run on the calling thread (B * (H + E) values), the router, the experts
 // and the shared expert through linear_forward / moe_forward, so the whole block is one job.
 #include "freetoken/moe_block.h"
 
@@ -13,9 +13,62 @@
 
 namespace freetoken {
 
+namespace {
+
+// Sigmoid routing of one token's fp32 logits l [E] (see MoeBlockProblem): the chosen experts in
+// descending biased score (ties: lower id) into order[0, K), their weights into w[0, K).
+void sigmoid_route(const MoeBlockProblem& p, const float* l, std::vector<float>& scores,
+                   std::vector<float>& choice, std::vector<int64_t>& order, float* w) {
+  const int64_t E = p.num_experts, K = p.top_k, G = p.n_group, per = E / G;
+  for (int64_t e = 0; e < E; ++e) {
+    scores[e] = sigmoid(l[e]);
+    choice[e] = scores[e] + p.score_bias[e];
+  }
+  if (p.topk_group < G) {
+    std::vector<float> group(G);
+    std::vector<int64_t> groups(G);
+    for (int64_t g = 0; g < G; ++g) {
+      float first = -INFINITY, second = -INFINITY;
+      for (int64_t e = g * per; e < (g + 1) * per; ++e) {
+        if (choice[e] > first) {
+          second = first;
+          first = choice[e];
+        } else if (choice[e] > second) {
+          second = choice[e];
+        }
+      }
+      group[g] = first + second;
+    }
+    std::iota(groups.begin(), groups.end(), 0);
+    std::partial_sort(groups.begin(), groups.begin() + p.topk_group, groups.end(),
+                      [&](int64_t a, int64_t c) {
+                        return group[a] > group[c] || (group[a] == group[c] && a < c);
+                      });
+    std::vector<char> kept_group(G, 0);
+    for (int64_t j = 0; j < p.topk_group; ++j) kept_group[groups[j]] = 1;
+    for (int64_t e = 0; e < E; ++e) {
+      if (!kept_group[e / per]) choice[e] = -INFINITY;
+    }
+  }
+  std::iota(order.begin(), order.end(), 0);
+  std::partial_sort(order.begin(), order.begin() + K, order.end(), [&](int64_t a, int64_t c) {
+    return choice[a] > choice[c] || (choice[a] == choice[c] && a < c);
+  });
+  float sum = 0.0f;
+  for (int64_t j = 0; j < K; ++j) sum += scores[order[j]];
+  for (int64_t j = 0; j < K; ++j) {
+    const float s = scores[order[j]];
+    w[j] = (p.norm_topk_prob ? s / (sum + 1e-20f) : s) * p.routed_scaling;
+  }
+}
+
+}  // namespace
+
 void moe_block_decode(const MoeBlockProblem& p, ThreadPool& pool) {
   const int64_t B = p.batch, H = p.hidden, E = p.num_experts, K = p.top_k;
-  const int64_t Is = p.shared_intermediate, rows = E + (Is > 0 ? 1 : 0);
+  const bool sigmoid_routing = p.score_bias != nullptr;
+  const int64_t Is = p.shared_intermediate;
+  const int64_t rows = E + (Is > 0 && !sigmoid_routing ? 1 : 0);
   if (B <= 0) return;
   const auto keep = [&](float* v, int64_t n) {
     if (p.bf16) round_to_bf16(v, n);
@@ -35,7 +88,11 @@ void moe_block_decode(const MoeBlockProblem& p, ThreadPool& pool) {
     keep(out, B * out_rows);
   };
   std::vector<float> logits(B * rows);
-  dense(x.data(), H, p.router, rows, logits.data());
+  if (sigmoid_routing) {  // fp32 router on the (model-dtype) normed x, logits kept in fp32
+    project(x.data(), false, B, H, p.router, rows, false, p.isa, logits.data(), pool);
+  } else {
+    dense(x.data(), H, p.router, rows, logits.data());
+  }
 
   // softmax over the E routed logits in fp32, the top k, renormalised, in the model dtype
   MoeProblem moe;
@@ -49,10 +106,20 @@ void moe_block_decode(const MoeBlockProblem& p, ThreadPool& pool) {
   moe.down.format = format;
   moe.down.values = p.down;
   moe.isa = p.isa;
-  std::vector<float> probs(E);
+  std::vector<float> probs(E), choice(E), weights(K);
   std::vector<int64_t> order(E);
   for (int64_t b = 0; b < B; ++b) {
     const float* l = logits.data() + b * rows;
+    if (sigmoid_routing) {
+      sigmoid_route(p, l, probs, choice, order, weights.data());
+      for (int64_t j = 0; j < K; ++j) {
+        moe.token_ids.push_back(b);
+        moe.expert_ids.push_back(order[j]);
+        moe.weights.push_back(kept(weights[j]));
+        p.topk_ids[b * K + j] = order[j];
+      }
+      continue;
+    }
     const float mx = *std::max_element(l, l + E);
     float sum = 0.0f;
     for (int64_t e = 0; e < E; ++e) sum += probs[e] = std::exp(l[e] - mx);
@@ -86,6 +153,13 @@ void moe_block_decode(const MoeBlockProblem& p, ThreadPool& pool) {
     }
     dense(act.data(), Is, p.shared_down, H, y.data());
     for (int64_t b = 0; b < B; ++b) {
+      if (sigmoid_routing) {  // ungated shared experts
+        for (int64_t i = 0; i < H; ++i) {
+          float& r = routed[b * H + i];
+          r = kept(r + y[b * H + i]);
+        }
+        continue;
+      }
       const float gate = kept(sigmoid(logits[b * rows + E]));
       for (int64_t i = 0; i < H; ++i) {
         float& r = routed[b * H + i];

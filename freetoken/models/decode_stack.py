@@ -13,6 +13,7 @@ import torch
 
 from freetoken.models.attention import Attention
 from freetoken.models.gated_deltanet import GatedDeltaNet
+from freetoken.models.moe_sigmoid import SigmoidRoutedMoE
 from freetoken.models.moe import SparseMoE
 from freetoken.models.paged import PagedDecodeBatch
 from freetoken.models.state import HybridState
@@ -48,7 +49,8 @@ def build_decode_stack(model) -> DecodeStack | None:
     layers, pool_layer = [], 0
     for layer in model.layers:
         mixer, mlp = layer.mixer, layer.mlp
-        if not isinstance(mlp, SparseMoE) or not mlp.fused_fits(probe):
+        if (not isinstance(mlp, SparseMoE) or isinstance(mlp, SigmoidRoutedMoE)
+                or not mlp.fused_fits(probe)):  # the stack's MoE layer routes by softmax
             return None
         if isinstance(mixer, GatedDeltaNet):
             if not mixer.decode_fits(probe):

@@ -11,6 +11,7 @@ from freetoken.models import attention
 from freetoken.models.base import CausalLM, SequenceState
 from freetoken.models.gated_deltanet import GatedDeltaNet
 from freetoken.models.moe import SparseMoE
+from freetoken.models.moe_sigmoid import SigmoidRoutedMoE
 from freetoken.models.paged import PagedKV, SlotTable
 from freetoken.models.registry import load_model
 from freetoken.offload.backend import MoeConfig
@@ -118,6 +119,13 @@ def test_paged_decode_runs_each_layer_in_one_call(model, monkeypatch) -> None:
 
     monkeypatch.setattr(attention.Attention, "forward_paged_decode", counted_attention)
     monkeypatch.setattr(SparseMoE, "forward_residual", counted_moe)
+    sigmoid_block = SigmoidRoutedMoE.forward_residual
+
+    def counted_sigmoid(self, h, norm):
+        calls.append(("moe", h.shape[0]))
+        return sigmoid_block(self, h, norm)
+
+    monkeypatch.setattr(SigmoidRoutedMoE, "forward_residual", counted_sigmoid)
     monkeypatch.setattr(GatedDeltaNet, "forward_decode", counted_gdn)
     routes = {True: [], False: []}
     for fused in (True, False):
@@ -133,11 +141,8 @@ def test_paged_decode_runs_each_layer_in_one_call(model, monkeypatch) -> None:
             torch_path, torch_states = out
     attn, moe = len(ft._attention_layers()), len(ft.moe_blocks())
     gdn = len(ft.layers) - attn
-    if ft.config.model_type == "glm4_moe":  # sigmoid routing: the MoE blocks run in torch
-        assert sorted(per_step) == [("attention", 3)] * (4 * attn)
-    else:
-        assert sorted(per_step) == sorted([("attention", 3)] * (4 * attn)
-                                          + [("moe", 3)] * (4 * moe) + [("gdn", 3)] * (4 * gdn))
+    assert sorted(per_step) == sorted([("attention", 3)] * (4 * attn) + [("moe", 3)] * (4 * moe)
+                                      + [("gdn", 3)] * (4 * gdn))
     assert calls == []  # the per-sequence path runs no fused call
     assert [layer for layer, _ in routes[True]] == [layer for layer, _ in routes[False]]
     for (_, a), (_, b) in zip(routes[True], routes[False]):

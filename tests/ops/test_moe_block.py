@@ -75,3 +75,52 @@ def test_bad_arguments_are_clear_errors():
         call(0, args[0], top_k=11)
     with pytest.raises(ValueError, match=r"^norm must be \[72\]"):
         call(1, torch.ones(71))
+
+
+# (tokens, hidden, experts, intermediate, top-k, shared, norm_topk_prob, n_group, topk_group,
+#  routed_scaling): GLM-4.5's sigmoid group routing
+SIGMOID_SHAPES = [
+    (1, 1024, 64, 256, 8, 256, True, 1, 1, 1.0),   # small glm4_moe preset
+    (3, 72, 12, 40, 3, 24, True, 4, 2, 2.5),       # groups, scaling, odd sizes
+    (2, 64, 8, 37, 4, 0, False, 2, 1, 1.8),        # one group of two kept, no renormalisation
+]
+
+
+def _sigmoid_case(shape, dtype, seed):
+    b, h, e, i, k, shared, norm_topk, groups, chosen, scaling = shape
+    tensors, config = _case((b, h, e, i, k, shared, norm_topk), dtype, seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    tensors["router"] = 4 * torch.randn(e, h, generator=g) / h**0.5  # fp32, E rows
+    bias = torch.randn(e, generator=g) * 0.5
+    return tensors, dict(config, score_bias=bias, n_group=groups, topk_group=chosen,
+                         routed_scaling=scaling)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("shape", SIGMOID_SHAPES, ids=lambda s: f"T{s[0]}-E{s[2]}-g{s[7]}")
+def test_sigmoid_group_routing_matches_reference(isa, dtype, shape):
+    tensors, config = _sigmoid_case(shape, dtype, seed=sum(shape[:5]))
+    out, ids = moe_block_decode(*tensors.values(), **config, isa=isa)
+    ref, ref_ids = moe_block_decode_reference(*tensors.values(), **config)
+    assert torch.equal(ids, ref_ids)
+    per, chosen = shape[2] // shape[7], shape[8]
+    assert all(len({int(i) // per for i in row}) <= chosen for row in ids)  # groups respected
+    if dtype == torch.float32:
+        h = tensors["h"].float()
+        assert relative_rms_error(ref - h, out - h) <= MOE_BLOCK_TOLERANCE
+    else:
+        assert relative_rms_error(ref, out) <= BF16_TOLERANCE
+    rescaled, _ = moe_block_decode(*tensors.values(),
+                                   **{**config, "routed_scaling": 2 * shape[9]}, isa=isa)
+    assert relative_rms_error(ref, rescaled) > 10 * MOE_BLOCK_TOLERANCE  # the scaling is applied
+
+
+def test_sigmoid_routing_arguments_are_checked():
+    tensors, config = _sigmoid_case(SIGMOID_SHAPES[1], torch.float32, seed=2)
+    with pytest.raises(ValueError, match=r"^n_group 5 / topk_group 2 do not fit 12 experts"):
+        moe_block_decode(*tensors.values(), **{**config, "n_group": 5})
+    with pytest.raises(ValueError, match=r"^score_bias must be \[12\]"):
+        moe_block_decode(*tensors.values(), **{**config, "score_bias": torch.zeros(3)})
+    with pytest.raises(TypeError, match="^router must be float32, got bfloat16"):
+        moe_block_decode(*{**tensors, "router": tensors["router"].bfloat16()}.values(), **config)

@@ -26,13 +26,24 @@ struct MoeBlockProblem {
   const void* h = nullptr;        // [B, H] residual stream
   const float* norm = nullptr;    // [H] RMSNorm multiplier (already 1 + w when zero-centred)
   float eps = 1e-6f;
-  const void* router = nullptr;   // [E (+1 with a shared expert: its gate row last), H]
+  const void* router = nullptr;   // [E (+1 with a shared expert: its gate row last), H]; with
+                                  // sigmoid routing fp32 [E, H] whatever the model dtype
+  // Sigmoid routing (GLM-4.5, transformers Glm4MoeTopkRouter), selected by score_bias: fp32
+  // logits (not rounded), scores = sigmoid(logits); experts chosen by scores + score_bias among
+  // the topk_group best of n_group groups (a group scores by its two best biased scores), their
+  // weights the unbiased scores, renormalised (+ 1e-20) when norm_topk_prob, times
+  // routed_scaling. The shared expert is then added without a gate.
+  const float* score_bias = nullptr;  // [E] or null (softmax routing)
+  int64_t n_group = 1;
+  int64_t topk_group = 1;
+  float routed_scaling = 1.0f;
   const void* gate_up = nullptr;  // [E, 2I, H]
   const void* down = nullptr;     // [E, H, I]
   const void* shared_gate_up = nullptr;  // [2Is, H]
   const void* shared_down = nullptr;     // [H, Is]
   float* out = nullptr;           // [B, H] fp32: h + block(h) (fully overwritten)
-  int64_t* topk_ids = nullptr;    // [B, top_k] routed expert ids, probability descending
+  int64_t* topk_ids = nullptr;    // [B, top_k] routed expert ids, probability (sigmoid: biased
+                                  // score) descending
   Isa isa = Isa::kScalar;
 };
 

@@ -1,7 +1,8 @@
 """A whole sparse MoE block at decode on the CPU, one C++ call per layer and step.
 
 :func:`moe_block_decode` runs ``h + MoE(RMSNorm(h))`` for ``B`` tokens with resident dense
-experts (``csrc/src/moe_block.cpp``): the post-attention norm, the router, softmax top-k routing,
+experts (``csrc/src/moe_block.cpp``): the post-attention norm, the router, softmax top-k routing
+(or GLM's sigmoid group routing),
 the routed experts (the expert kernel, each routed expert's weights streamed once), the
 sigmoid-gated shared expert of Qwen3-Next and the residual add, with no torch op in between.
 fp32 inputs match :func:`~freetoken.ops.moe_block.reference.moe_block_decode_reference` within
@@ -22,7 +23,9 @@ BF16_TOLERANCE = 1e-2  # relative RMS of h + block (rounded to bf16), bf16 input
 def moe_block_decode(h: torch.Tensor, norm: torch.Tensor, eps: float, router: torch.Tensor,
                      gate_up: torch.Tensor, down: torch.Tensor,
                      shared_gate_up: torch.Tensor | None, shared_down: torch.Tensor | None, *,
-                     top_k: int, norm_topk_prob: bool, isa: str | None = None
+                     top_k: int, norm_topk_prob: bool, isa: str | None = None,
+                     score_bias: torch.Tensor | None = None, n_group: int = 1,
+                     topk_group: int = 1, routed_scaling: float = 1.0
                      ) -> tuple[torch.Tensor, torch.Tensor]:
     """One decode step of a sparse MoE block.
 
@@ -34,6 +37,10 @@ def moe_block_decode(h: torch.Tensor, norm: torch.Tensor, eps: float, router: to
         shared_gate_up, shared_down: ``[2Is, H]`` / ``[H, Is]`` shared expert, or both None.
         top_k: experts per token; norm_topk_prob: renormalise their probabilities.
         isa: kernel variant (``freetoken.ops.cpu_moe.cpu.supported_isas``).
+        score_bias: ``[E]`` fp32 ``e_score_correction_bias``: sigmoid group routing (GLM-4.5,
+            ``freetoken.models.moe_sigmoid``) with ``n_group`` / ``topk_group`` groups and
+            ``routed_scaling``; the router is then fp32 ``[E, H]`` (logits unrounded) and the
+            shared expert ungated. None: softmax routing.
 
     Returns:
         ``(out [B, H] fp32 = h + block(h), topk_ids [B, k] int64, probability descending)``.
@@ -43,4 +50,6 @@ def moe_block_decode(h: torch.Tensor, norm: torch.Tensor, eps: float, router: to
             ``[1, E]``.
     """
     return _ext.moe_block_decode(h, norm, eps, router, gate_up, down, shared_gate_up,
-                                 shared_down, top_k, norm_topk_prob, isa=isa)
+                                 shared_down, top_k, norm_topk_prob, isa=isa,
+                                 score_bias=score_bias, n_group=n_group, topk_group=topk_group,
+                                 routed_scaling=routed_scaling)

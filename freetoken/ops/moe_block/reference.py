@@ -9,22 +9,38 @@ from freetoken.ops.cpu_moe.reference import cpu_moe_reference
 
 
 def moe_block_decode_reference(h, norm, eps, router, gate_up, down, shared_gate_up, shared_down,
-                               top_k: int, norm_topk_prob: bool
-                               ) -> tuple[torch.Tensor, torch.Tensor]:
+                               top_k: int, norm_topk_prob: bool, score_bias=None,
+                               n_group: int = 1, topk_group: int = 1,
+                               routed_scaling: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     """Same arguments and results as the kernel, in fp32 from the upcast inputs: ``(h + block(h)
-    [B, H] fp32, topk_ids [B, k] int64)``."""
+    [B, H] fp32, topk_ids [B, k] int64)``. Sigmoid routing (``score_bias`` given) follows
+    transformers ``Glm4MoeTopkRouter``."""
     b, e = h.shape[0], gate_up.shape[0]
     hf = h.float()
     x = F.rms_norm(hf, (hf.shape[1],), norm.float(), eps)
     logits = x @ router.float().t()
-    probs = torch.softmax(logits[:, :e], dim=-1)
-    weights, ids = torch.topk(probs, top_k, dim=-1)
-    if norm_topk_prob:
-        weights = weights / weights.sum(dim=-1, keepdim=True)
+    if score_bias is not None:
+        scores = torch.sigmoid(logits)
+        choice = scores + score_bias.float()
+        per = e // n_group
+        best_two = choice.view(b, n_group, per).topk(2, dim=-1).values.sum(-1)
+        keep = torch.zeros_like(best_two, dtype=torch.bool)
+        keep.scatter_(1, torch.topk(best_two, topk_group, dim=-1).indices, True)
+        choice = choice.masked_fill(~keep.repeat_interleave(per, dim=1), float("-inf"))
+        ids = torch.topk(choice, top_k, dim=-1).indices
+        weights = scores.gather(1, ids)
+        if norm_topk_prob:
+            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+        weights = weights * routed_scaling
+    else:
+        probs = torch.softmax(logits[:, :e], dim=-1)
+        weights, ids = torch.topk(probs, top_k, dim=-1)
+        if norm_topk_prob:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
     out = cpu_moe_reference(x, torch.arange(b).repeat_interleave(top_k), ids.flatten(),
                             weights.flatten(), gate_up.float(), down.float())
     if shared_gate_up is not None:
         gate, up = (x @ shared_gate_up.float().t()).chunk(2, dim=-1)
         y = (F.silu(gate) * up) @ shared_down.float().t()
-        out = out + torch.sigmoid(logits[:, e:]) * y
+        out = out + (y if score_bias is not None else torch.sigmoid(logits[:, e:]) * y)
     return hf + out, ids
