@@ -156,6 +156,9 @@ def _add_make_tiny(sub: argparse._SubParsersAction) -> None:
 
     p.add_argument("--arch", choices=list(ARCHES), required=True)
     p.add_argument("--preset", choices=["tiny", "small"], default="tiny")
+    p.add_argument("--weights", choices=["bf16", "fp8"], default="bf16",
+                   help="fp8: projection weights FP8 block-quantised (128 x 128), as the "
+                        "official -FP8 releases")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("out_dir", type=Path)
 
@@ -250,7 +253,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "make-tiny":
         from freetoken.models.tiny import make_tiny
 
-        out = make_tiny(args.arch, args.preset, args.out_dir, seed=args.seed)
+        out = make_tiny(args.arch, args.preset, args.out_dir, seed=args.seed,
+                        weights=args.weights)
         print(f"wrote {args.arch} {args.preset} checkpoint to {out}")
         return 0
     return 2

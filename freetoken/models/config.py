@@ -395,13 +395,29 @@ def _text_config(config: dict) -> dict:
 
 
 def _refuse_quantized(config: dict) -> None:
-    """A checkpoint with a ``quantization_config`` is refused before anything is loaded."""
+    """A ``quantization_config`` the loader cannot read is refused before anything is loaded.
+
+    Served: FP8 block quantisation (``quant_method: "fp8"``, e4m3 values, ``weight_block_size``
+    blocks, dynamic activations: the official -FP8 releases), dequantised as it is read.
+    """
     quant = config.get("quantization_config")
     if quant is None:
         return
     method = quant.get("quant_method") if isinstance(quant, dict) else quant
-    raise ValueError(f"config.json: quantised checkpoints (quant_method {method!r}) are not "
-                     f"served yet; use the bf16 (unquantised) release of this model")
+    if method != "fp8":
+        raise ValueError(f"config.json: quantised checkpoints (quant_method {method!r}) are not "
+                         f"served yet (served: 'fp8' block quantisation); use the bf16 release "
+                         f"of this model")
+    block = quant.get("weight_block_size")
+    if (not isinstance(block, list) or len(block) != 2
+            or any(type(n) is not int or n < 1 for n in block)):
+        raise ValueError(f"config.json: fp8 'weight_block_size' must be two positive integers, "
+                         f"got {block!r}")
+    if quant.get("fmt", "e4m3") != "e4m3" or quant.get("activation_scheme",
+                                                       "dynamic") != "dynamic":
+        raise ValueError("config.json: only fp8 e4m3 weights with dynamic activation scaling "
+                         f"are served, got fmt {quant.get('fmt')!r}, activation_scheme "
+                         f"{quant.get('activation_scheme')!r}")
 
 
 def _layer_types(config: dict, r: _Reader, layers: int) -> tuple[str, ...]:

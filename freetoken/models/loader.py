@@ -31,6 +31,8 @@ SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 IGNORED_PREFIXES: tuple[str, ...] = ("mtp.", "model.visual.")
 TEXT_PREFIX = "model.language_model."
+SCALE_SUFFIX = "_scale_inv"  # FP8 block scales: weight = fp8 values * scale per block
+FP8_DTYPES = ("F8_E4M3",)
 _FUSED_EXPERTS = re.compile(r"(.*\.mlp\.experts)\.(gate_up_proj|down_proj)")
 _LAYER = re.compile(r"model\.layers\.(\d+)\.")
 _LIST_LIMIT = 8
@@ -46,11 +48,13 @@ class StoredSlice:
         name: the stored tensor name.
         index: index into dim 0 of the stored tensor (one expert of a fused tensor), or None.
         rows: ``(start, stop)`` of the next dim after ``index`` (gate or up half), or None.
+        scale: the ``{name}_scale_inv`` tensor of an FP8 block-quantised weight, or None.
     """
 
     name: str
     index: int | None = None
     rows: tuple[int, int] | None = None
+    scale: str | None = None
 
 
 @dataclass(frozen=True)
@@ -108,6 +112,9 @@ class Checkpoint:
         self._source: dict[str, StoredSlice] = {}
         self._shapes: dict[str, tuple[int, ...]] = {}
         self._dtypes: dict[str, str] = {}
+        self._scales = {n for n in stored if n.endswith(SCALE_SUFFIX)}
+        self._stored_shapes: dict[str, tuple[int, ...]] = {}
+        self._scale_shapes: dict[str, tuple[int, ...]] = {}
         for file, names in self.by_file(stored).items():
             with safe_open(file, framework="pt") as f:
                 present = set(f.keys())
@@ -115,8 +122,12 @@ class Checkpoint:
                     if name not in present:
                         raise ValueError(f"{INDEX_FILE}: tensor {name!r} is not in {file.name}")
                     piece = f.get_slice(name)
+                    if name in self._scales:
+                        self._scale_shapes[name] = tuple(piece.get_shape())
+                        continue
                     self._add(name, file, tuple(piece.get_shape()), str(piece.get_dtype()),
                               fused_experts)
+        self._check_scales(stored)
 
     def _add(self, name: str, file: Path, shape: tuple[int, ...], dtype: str,
              fused_experts: bool) -> None:
@@ -126,25 +137,40 @@ class Checkpoint:
                 self._mtp_from is not None and layer and int(layer.group(1)) >= self._mtp_from):
             self.ignored.append(name)
             return
+        self._stored_shapes[name] = shape
         text = name.startswith(TEXT_PREFIX)
         canonical = "model." + name[len(TEXT_PREFIX):] if text else name
+        scale = name + SCALE_SUFFIX if name + SCALE_SUFFIX in self._scales else None
         fused = _FUSED_EXPERTS.fullmatch(canonical) if fused_experts else None
         if fused is None or len(shape) != 3:
-            self._put(canonical, StoredSlice(name), file, shape, dtype)
+            self._put(canonical, StoredSlice(name, scale=scale), file, shape, dtype)
             return
         base, kind = fused.groups()
         for e in range(shape[0]):
             if kind == "down_proj":
-                self._put(f"{base}.{e}.down_proj.weight", StoredSlice(name, e), file,
-                          shape[1:], dtype)
+                self._put(f"{base}.{e}.down_proj.weight", StoredSlice(name, e, scale=scale),
+                          file, shape[1:], dtype)
                 continue
             if shape[1] % 2:
                 raise ValueError(f"checkpoint {self.path}: fused tensor {name!r} has an odd "
                                  f"gate_up dim {shape[1]}")
             half = shape[1] // 2
             for proj, rows in (("gate_proj", (0, half)), ("up_proj", (half, shape[1]))):
-                self._put(f"{base}.{e}.{proj}.weight", StoredSlice(name, e, rows), file,
-                          (half, shape[2]), dtype)
+                self._put(f"{base}.{e}.{proj}.weight", StoredSlice(name, e, rows, scale),
+                          file, (half, shape[2]), dtype)
+
+    def _check_scales(self, stored: dict[str, Path]) -> None:
+        """Every FP8 tensor has a block-scale grid that divides it, and every scale a weight."""
+        known = set(self._stored_shapes) | set(self.ignored)
+        for scale in self._scales:
+            if scale[: -len(SCALE_SUFFIX)] not in known:
+                raise ValueError(f"checkpoint {self.path}: {scale!r} scales no tensor")
+        for canonical, source in self._source.items():
+            if self._dtypes[canonical] not in FP8_DTYPES:
+                continue
+            if source.scale is None:
+                raise ValueError(f"checkpoint {self.path}: FP8 tensor {source.name!r} has no "
+                                 f"{source.name + SCALE_SUFFIX!r}")
 
     def _put(self, canonical: str, source: StoredSlice, file: Path, shape: tuple[int, ...],
              dtype: str) -> None:
@@ -160,13 +186,32 @@ class Checkpoint:
         """Tensor ``name`` (canonical) read from ``handle``, the open ``safe_open`` of
         ``files[name]``; a fused expert's slice reads only that expert's bytes."""
         source = self._source[name]
-        if source.index is None:
-            return handle.get_tensor(source.name)
-        piece = handle.get_slice(source.name)
-        if source.rows is None:
-            return piece[source.index : source.index + 1][0]
-        start, stop = source.rows
-        return piece[source.index : source.index + 1, start:stop][0]
+        value = self._slice(handle, source.name, source.index, source.rows)
+        if source.scale is None:
+            return value
+        grid = self._scale_shapes[source.scale][-2:]
+        shape = self._stored_shapes[source.name][-2:]
+        if shape[-2] % grid[0] or shape[-1] % grid[1]:
+            raise ValueError(f"checkpoint {self.path}: {source.name!r} {list(shape)} is not "
+                             f"divisible by its scale grid {list(grid)}")
+        block = (shape[-2] // grid[0], shape[-1] // grid[1])
+        rows = None if source.rows is None else (source.rows[0] // block[0],
+                                                 source.rows[1] // block[0])
+        if source.rows is not None and (source.rows[0] % block[0] or source.rows[1] % block[0]):
+            raise ValueError(f"checkpoint {self.path}: {source.name!r}: the gate / up halves "
+                             f"do not fall on {block[0]}-row scale blocks")
+        scales = self._slice(handle, source.scale, source.index, rows)
+        return dequantize_blocks(value, scales)
+
+    @staticmethod
+    def _slice(handle, name: str, index: int | None,
+               rows: tuple[int, int] | None) -> torch.Tensor:
+        if index is None:
+            return handle.get_tensor(name)
+        piece = handle.get_slice(name)
+        if rows is None:
+            return piece[index : index + 1][0]
+        return piece[index : index + 1, rows[0] : rows[1]][0]
 
     def _from_index(self, index: Path) -> dict[str, Path]:
         try:
@@ -206,6 +251,22 @@ class Checkpoint:
         """safetensors dtype code of tensor ``name`` as stored (``"BF16"``, ``"F32"``, ...;
         KeyError if absent)."""
         return self._dtypes[name]
+
+
+def dequantize_blocks(weight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """FP8 block dequantisation: ``weight [R, C]`` (fp8) times ``scales [R / bm, C / bn]``
+    expanded over its ``bm x bn`` blocks, in fp32 (transformers ``Fp8Dequantize``).
+
+    Raises:
+        ValueError: the scale grid does not divide the weight.
+    """
+    rows, cols = weight.shape[-2:]
+    grid_r, grid_c = scales.shape[-2:]
+    if rows % grid_r or cols % grid_c:
+        raise ValueError(f"weight {list(weight.shape)} is not divisible by its scale grid "
+                         f"{list(scales.shape)}")
+    q = weight.float().reshape(grid_r, rows // grid_r, grid_c, cols // grid_c)
+    return (q * scales.float()[:, None, :, None]).reshape(rows, cols)
 
 
 def _names(names: list[str]) -> str:

@@ -30,6 +30,7 @@ import torch
 
 from freetoken.models.config import ModelConfig
 from freetoken.models.tiny_calibrate import TARGET_END_PROB, calibrate_im_end
+from freetoken.models.tiny_fp8 import quantization_config
 from freetoken.models.tiny_presets import preset_config
 from freetoken.models.tiny_tokens import (
     TOKENIZER_FILE, end_of_turn, family_tokenizer, stop_tokens, token_id, tokenizer_config,
@@ -42,6 +43,7 @@ from freetoken.paths import TEMPLATES_DIR, cache_dir
 GENERATOR_VERSION = 1
 STAMP_FILE = "freetoken_tiny.json"
 _STAMP_KEYS = ("version", "arch", "preset", "seed", "config_overrides", "inputs_sha256")
+FP8_BLOCK = (128, 128)
 VISION_TOKENS = {"image_token_id": "<|image_pad|>", "video_token_id": "<|video_pad|>",
                  "vision_start_token_id": "<|vision_start|>",
                  "vision_end_token_id": "<|vision_end|>"}
@@ -59,7 +61,7 @@ def _write_json(path: Path, data: dict) -> None:
 
 
 def make_tiny(arch: str, preset: str, out_dir: str | Path, seed: int = 0,
-              config_overrides: dict | None = None) -> Path:
+              config_overrides: dict | None = None, weights: str = "bf16") -> Path:
     """Write a seeded-random ``arch`` checkpoint of size ``preset`` into ``out_dir``.
 
     Args:
@@ -72,6 +74,8 @@ def make_tiny(arch: str, preset: str, out_dir: str | Path, seed: int = 0,
             between machines almost never change it).
         config_overrides: keys replaced in ``config.json`` before the weights are derived
             from it (tests use it for variants such as dense ``mlp_only_layers``).
+        weights: ``"bf16"``, or ``"fp8"``: projection weights FP8 block-quantised with
+            128 x 128 blocks and a ``quantization_config``, as the official -FP8 releases.
 
     Returns:
         ``out_dir`` as a Path; ``freetoken_tiny.json`` there records the inputs and the chosen
@@ -98,7 +102,13 @@ def make_tiny(arch: str, preset: str, out_dir: str | Path, seed: int = 0,
                          "lm_head is calibrated separately from the embedding)")
     template = _template(arch)
     out.mkdir(parents=True, exist_ok=True)
-    write_safetensors(config, seed, out, vision_config=raw.get("vision_config"))
+    if weights not in ("bf16", "fp8"):
+        raise ValueError(f"make_tiny: weights must be 'bf16' or 'fp8', got {weights!r}")
+    block = FP8_BLOCK if weights == "fp8" else None
+    files = write_safetensors(config, seed, out, vision_config=raw.get("vision_config"),
+                              fp8_block=block)
+    if block is not None:
+        raw["quantization_config"] = quantization_config(block, _not_converted(files))
     _write_json(out / "config.json", raw)
     _write_json(out / "generation_config.json", {
         "bos_token_id": bos,
@@ -118,6 +128,20 @@ def make_tiny(arch: str, preset: str, out_dir: str | Path, seed: int = 0,
     stamp.update(im_end_row_scale=scale, im_end_target_prob=TARGET_END_PROB)
     _write_json(out / STAMP_FILE, stamp)
     return out
+
+
+def _not_converted(files: list[Path]) -> list[str]:
+    """Modules of the written files whose weights stay unquantised (``modules_to_not_convert``:
+    every ``.weight`` of two or more dims that has no ``_scale_inv``)."""
+    from safetensors import safe_open
+
+    names: dict[str, int] = {}
+    for file in files:
+        if file.suffix == ".safetensors":
+            with safe_open(file, framework="pt") as f:
+                names.update({n: len(f.get_slice(n).get_shape()) for n in f.keys()})
+    return sorted(n[: -len(".weight")] for n, dims in names.items()
+                  if n.endswith(".weight") and dims >= 2 and n + "_scale_inv" not in names)
 
 
 def _stamp(arch: str, preset: str, seed: int, overrides: dict | None = None) -> dict:

@@ -54,10 +54,12 @@ class TensorSpec:
         return n * torch.empty(0, dtype=self.dtype).element_size()
 
 
-def tensor_specs(config: ModelConfig, vision_config: dict | None = None) -> list[TensorSpec]:
+def tensor_specs(config: ModelConfig, vision_config: dict | None = None,
+                 fused_experts: bool = True) -> list[TensorSpec]:
     """All checkpoint tensors of ``config`` in generation order (embedding, lm_head, final norm,
     then layer by layer, as the model's ``weight_targets`` lists them; then the vision tower of
-    ``vision_config`` if given), named as the family releases them."""
+    ``vision_config`` if given), named as the family releases them (Qwen3.5's -FP8 releases keep
+    per-expert tensors: ``fused_experts`` False)."""
     from freetoken.models.registry import MODEL_CLASSES
 
     model = MODEL_CLASSES[config.arch](config, dtype=STORED_DTYPE, device="meta")
@@ -67,16 +69,16 @@ def tensor_specs(config: ModelConfig, vision_config: dict | None = None) -> list
         fp32 = (name.endswith(("A_log", "e_score_correction_bias"))
                 or (qwen3_5 and name.endswith("linear_attn.norm.weight")))
         spec = TensorSpec(name, tuple(target.dest.shape), torch.float32 if fp32 else STORED_DTYPE)
-        specs.extend(_released(spec, config) if qwen3_5 else [spec])
+        specs.extend(_released(spec, config, fused_experts) if qwen3_5 else [spec])
     return specs + (_vision_specs(vision_config) if vision_config else [])
 
 
-def _released(spec: TensorSpec, config: ModelConfig) -> list[TensorSpec]:
-    """Qwen3.5's stored form of one canonical tensor: prefixed, experts fused (emitted once,
-    at expert 0's gate and down tensors)."""
+def _released(spec: TensorSpec, config: ModelConfig, fused: bool) -> list[TensorSpec]:
+    """Qwen3.5's stored form of one canonical tensor: prefixed, experts fused when ``fused``
+    (emitted once, at expert 0's gate and down tensors)."""
     name = spec.name if spec.name == "lm_head.weight" else TEXT_PREFIX + spec.name[len("model."):]
     expert = _EXPERT.fullmatch(name)
-    if expert is None:
+    if expert is None or not fused:
         return [TensorSpec(name, spec.shape, spec.dtype)]
     base, index, proj = expert.groups()
     if index != "0" or proj == "up":
@@ -132,8 +134,8 @@ def _init(spec: TensorSpec, config: ModelConfig, gen: torch.Generator) -> torch.
     return noise
 
 
-def generate(config: ModelConfig, seed: int,
-             vision_config: dict | None = None) -> Iterator[tuple[TensorSpec, torch.Tensor]]:
+def generate(config: ModelConfig, seed: int, vision_config: dict | None = None,
+             fused_experts: bool = True) -> Iterator[tuple[TensorSpec, torch.Tensor]]:
     """Yield ``(spec, tensor)`` one at a time, deterministically for ``seed``.
 
     Args:
@@ -142,22 +144,31 @@ def generate(config: ModelConfig, seed: int,
         vision_config: a Qwen3.5 ``vision_config`` whose tower is written too, or None.
     """
     gen = torch.Generator().manual_seed(seed)
-    for spec in tensor_specs(config, vision_config):
+    for spec in tensor_specs(config, vision_config, fused_experts):
         yield spec, _init(spec, config, gen).to(spec.dtype)
 
 
 def write_safetensors(config: ModelConfig, seed: int, out_dir: Path,
                       max_shard_bytes: int = MAX_SHARD_BYTES,
-                      vision_config: dict | None = None) -> list[Path]:
+                      vision_config: dict | None = None,
+                      fp8_block: tuple[int, int] | None = None) -> list[Path]:
     """Write the weights as ``model.safetensors`` or, above ``max_shard_bytes``, as shards
     ``model-0000i-of-0000n.safetensors`` plus ``model.safetensors.index.json``.
 
-    Only one shard is held in memory at a time.
+    Only one shard is held in memory at a time. ``fp8_block``: store the projection weights
+    FP8 block-quantised (``tiny_fp8``) with that block shape.
 
     Returns:
         the written files.
     """
-    specs = tensor_specs(config, vision_config)
+    from freetoken.models import tiny_fp8
+
+    fused = fp8_block is None
+    specs = tensor_specs(config, vision_config, fused)
+    items = generate(config, seed, vision_config, fused)
+    if fp8_block is not None:
+        specs = tiny_fp8.quantized_specs(specs, fp8_block)
+        items = tiny_fp8.quantized(items, fp8_block)
     shard_of, size, shard = [], 0, 0
     for spec in specs:
         if size and size + spec.nbytes > max_shard_bytes:
@@ -171,7 +182,7 @@ def write_safetensors(config: ModelConfig, seed: int, out_dir: Path,
     buffer: dict[str, torch.Tensor] = {}
     weight_map: dict[str, str] = {}
     written = []
-    for i, (spec, tensor) in enumerate(generate(config, seed, vision_config)):
+    for i, (spec, tensor) in enumerate(items):
         buffer[spec.name] = tensor.contiguous()
         weight_map[spec.name] = names[shard_of[i]]
         if i + 1 == len(specs) or shard_of[i + 1] != shard_of[i]:

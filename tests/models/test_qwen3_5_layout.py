@@ -114,10 +114,17 @@ def _raw(path) -> dict:
     (lambda raw: raw["text_config"]["rope_parameters"].update(mrope_section=[4, 4, 4]),
      "config.json: 'mrope_section' [4, 4, 4] must be non-negative integers summing to "
      "rotary_dim / 2 = 8"),
+    (lambda raw: raw.update(quantization_config={"quant_method": "awq", "bits": 4}),
+     "config.json: quantised checkpoints (quant_method 'awq') are not served yet (served: "
+     "'fp8' block quantisation); use the bf16 release of this model"),
     (lambda raw: raw.update(quantization_config={"quant_method": "fp8",
-                                                 "weight_block_size": [128, 128]}),
-     "config.json: quantised checkpoints (quant_method 'fp8') are not served yet; use the "
-     "bf16 (unquantised) release of this model"),
+                                                 "weight_block_size": [128]}),
+     "config.json: fp8 'weight_block_size' must be two positive integers, got [128]"),
+    (lambda raw: raw.update(quantization_config={"quant_method": "fp8",
+                                                 "weight_block_size": [128, 128],
+                                                 "activation_scheme": "static"}),
+     "config.json: only fp8 e4m3 weights with dynamic activation scaling are served, got fmt "
+     "None, activation_scheme 'static'"),
     (lambda raw: raw.update(model_type="qwen3_next"),
      "config.json: 'model_type' is 'qwen3_next', expected 'qwen3_5_moe' for "
      "Qwen3_5MoeForConditionalGeneration"),
