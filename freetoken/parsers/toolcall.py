@@ -243,30 +243,40 @@ class _JsonScan:
         return Step(n, parse_json_call(buf[self.start : p], self.schemas, closed=False))
 
 
-class _XmlScan:
-    """Parses ``<function=NAME>`` … ``</function>`` (then ``</tool_call>`` when wrapped)."""
+class _ArgScan:
+    """State the XML and GLM scanners share: the call's name, its typed arguments so far, the
+    current argument (``key``) and where its value starts, and the search position of a closing
+    tag whose follower is still unknown."""
 
-    def __init__(self, start: int, schemas: dict[str, dict[str, dict]], wrapped: bool) -> None:
+    def __init__(self, start: int, schemas: dict[str, dict[str, dict]], state: str) -> None:
         self.pos = start
-        self.wrapped = wrapped
         self.schemas = schemas
-        self.state = "open"
+        self.state = state
         self.name = ""
-        self.params: dict = {}
-        self.param = ""
+        self.args: dict = {}
+        self.key = ""
         self.value_start = 0
         self.search = 0
-        self.pending = -1  # a </parameter> whose follower is still unknown …
+        self.pending = -1  # a closing value tag whose follower is still unknown …
         self.after = 0  # … and how far the whitespace after it was skipped
 
     def _call(self) -> ParsedCall:
-        return ParsedCall(self.name, dict(self.params))
+        return ParsedCall(self.name, dict(self.args))
+
+    def _typed(self, raw: str) -> None:
+        props = self.schemas.get(self.name)
+        self.args[self.key] = coerce_parameter(raw, None if props is None else props.get(self.key))
+
+
+class _XmlScan(_ArgScan):
+    """Parses ``<function=NAME>`` … ``</function>`` (then ``</tool_call>`` when wrapped)."""
+
+    def __init__(self, start: int, schemas: dict[str, dict[str, dict]], wrapped: bool) -> None:
+        super().__init__(start, schemas, "open")
+        self.wrapped = wrapped
 
     def _store(self, raw: str) -> None:
-        if raw.endswith("\n"):
-            raw = raw[:-1]
-        props = self.schemas.get(self.name)
-        self.params[self.param] = coerce_parameter(raw, None if props is None else props.get(self.param))
+        self._typed(raw[:-1] if raw.endswith("\n") else raw)
 
     def _tag_name(self, buf: str, name_start: int, final: bool) -> tuple[str, int] | None | int:
         """(name, index after '>'), None to wait, or an int: malformed at that index."""
@@ -295,7 +305,7 @@ class _XmlScan:
                     got = self._tag_name(buf, i + len(PARAM_OPEN), final)
                     if not isinstance(got, tuple):
                         return i if isinstance(got, int) else None
-                    self.param, start = got
+                    self.key, start = got
                     if start == n and not final:
                         return None  # cannot tell yet whether the framing newline follows
                     if start < n and buf[start] == "\n":
@@ -345,7 +355,7 @@ class _XmlScan:
                 return i
 
 
-class _GlmScan:
+class _GlmScan(_ArgScan):
     """Parses a GLM call ``NAME`` … ``</tool_call>`` (the buffer starts after ``<tool_call>``).
 
     States: "name" → "between" (expects ``<arg_key>`` or ``</tool_call>``) → "key" (after
@@ -353,23 +363,10 @@ class _GlmScan:
     """
 
     def __init__(self, start: int, schemas: dict[str, dict[str, dict]]) -> None:
-        self.pos = start
-        self.schemas = schemas
-        self.state = "name"
-        self.name = ""
-        self.args: dict = {}
-        self.key = ""
-        self.value_start = 0
-        self.search = 0
-        self.pending = -1  # an </arg_value> whose follower is still unknown …
-        self.after = 0  # … and how far the whitespace after it was skipped
-
-    def _call(self) -> ParsedCall:
-        return ParsedCall(self.name, dict(self.args))
+        super().__init__(start, schemas, "name")
 
     def _store(self, raw: str) -> None:
-        props = self.schemas.get(self.name)
-        self.args[self.key] = coerce_parameter(raw, None if props is None else props.get(self.key))
+        self._typed(raw)
 
     def _key(self, buf: str, i: int, final: bool) -> int | None:
         """Reads ``<arg_key>K</arg_key>`` at ``i``: the index after it, None to wait, or -1 when
