@@ -253,8 +253,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "make-tiny":
         from freetoken.models.tiny import make_tiny
 
-        out = make_tiny(args.arch, args.preset, args.out_dir, seed=args.seed,
-                        weights=args.weights)
+        try:
+            out = make_tiny(args.arch, args.preset, args.out_dir, seed=args.seed,
+                            weights=args.weights)
+        except OSError as exc:
+            print(f"error: cannot write {args.out_dir}: {exc.strerror or exc}", file=sys.stderr)
+            return 2
         print(f"wrote {args.arch} {args.preset} checkpoint to {out}")
         return 0
     return 2

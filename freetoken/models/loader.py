@@ -103,7 +103,7 @@ class Checkpoint:
         if index.is_file():
             stored = self._from_index(index)
         elif single.is_file():
-            with safe_open(single, framework="pt") as f:
+            with _open(single) as f:
                 stored = {name: single for name in f.keys()}
         else:
             raise FileNotFoundError(f"no {SINGLE_FILE} or {INDEX_FILE} in {self.path}")
@@ -116,7 +116,7 @@ class Checkpoint:
         self._stored_shapes: dict[str, tuple[int, ...]] = {}
         self._scale_shapes: dict[str, tuple[int, ...]] = {}
         for file, names in self.by_file(stored).items():
-            with safe_open(file, framework="pt") as f:
+            with _open(file) as f:
                 present = set(f.keys())
                 for name in names:
                     if name not in present:
@@ -253,6 +253,15 @@ class Checkpoint:
         return self._dtypes[name]
 
 
+def _open(file: Path):
+    """``safe_open`` of ``file``; a truncated or corrupt file is a ValueError naming it."""
+    try:
+        return safe_open(file, framework="pt")
+    except Exception as exc:  # safetensors raises its own SafetensorError (an Exception)
+        raise ValueError(f"{file}: not a readable safetensors file (truncated or corrupt: "
+                         f"{exc})") from None
+
+
 def dequantize_blocks(weight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """FP8 block dequantisation: ``weight [R, C]`` (fp8) times ``scales [R / bm, C / bn]``
     expanded over its ``bm x bn`` blocks, in fp32 (transformers ``Fp8Dequantize``).
@@ -326,7 +335,7 @@ def load_weights(checkpoint: Checkpoint, targets: dict[str, WeightTarget],
     total = sum(checkpoint.nbytes(n) for n in wanted)
     done = 0
     for index, (file, names) in enumerate(shards.items(), start=1):
-        with safe_open(file, framework="pt") as f:
+        with _open(file) as f:
             for i, name in enumerate(names):
                 target = targets[name]
                 src = checkpoint.read(f, name)

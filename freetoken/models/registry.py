@@ -81,6 +81,9 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32,
     if vision:
         logger.info("vision tower not loaded (%d tensors): serving the text model only", vision)
     _check_memory(MODEL_CLASSES[arch], config, checkpoint, dtype, torch.device(device), moe)
+    if isinstance(raw.get("quantization_config"), dict):
+        logger.info("fp8 block-quantised checkpoint: weights dequantised to %s as they are read",
+                    str(dtype).removeprefix("torch."))
     if moe is not None:
         from freetoken.offload.loading import build_offloaded
 

@@ -162,3 +162,16 @@ def test_weights_beyond_available_host_memory_are_refused_before_loading(
     monkeypatch.setattr(registry, "available_host_memory", lambda: 44 * 2**20)
     load_model(path)
     assert len(read) == 1
+
+
+def test_a_truncated_safetensors_file_is_a_clear_error(tiny_checkpoint, tmp_path) -> None:
+    import shutil
+
+    bad = tmp_path / "truncated"
+    shutil.copytree(tiny_checkpoint("qwen3_moe"), bad)
+    with open(bad / "model.safetensors", "r+b") as f:
+        f.truncate(1000)
+    with pytest.raises(ValueError) as err:
+        load_model(bad)
+    assert str(err.value).startswith(
+        f"{bad / 'model.safetensors'}: not a readable safetensors file (truncated or corrupt: ")

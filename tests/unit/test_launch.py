@@ -157,3 +157,10 @@ def test_dtype_auto_with_a_broken_config_is_a_clear_error(tmp_path):
     (tmp_path / "config.json").write_text("{not json")
     with pytest.raises(ValueError, match="config.json is not valid JSON"):
         checkpoint_compute_dtype(tmp_path)
+
+
+def test_make_tiny_into_an_unwritable_path_is_one_line(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    assert main(["make-tiny", "--arch", "glm4_moe", str(blocker)]) == 2
+    assert capsys.readouterr().err == f"error: cannot write {blocker}: File exists\n"
