@@ -2,19 +2,21 @@
 
 :func:`build_decode_stack` turns the model's layers into a
 :class:`~freetoken.ops.decode_stack.DecodeStack` when every layer fits the C++ decode ops (CPU,
-fp32 / bf16 weights, a sparse MoE block with resident experts in every layer);
+fp32 / bf16 weights, a sparse MoE block with resident experts or a dense MLP in every layer);
 :func:`run_decode_stack` runs one step of paged sequences through it and applies the effects the
 per-layer path has on the Python side (KV lengths, token counts, routing observers).
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from freetoken.models.attention import Attention
 from freetoken.models.gated_deltanet import GatedDeltaNet
 from freetoken.models.moe_sigmoid import SigmoidRoutedMoE
-from freetoken.models.moe import SparseMoE
+from freetoken.models.moe import DenseMLP, SparseMoE
 from freetoken.models.paged import PagedDecodeBatch
 from freetoken.models.state import HybridState
 from freetoken.ops.decode_stack import AttentionLayer, DecodeStack, GdnLayer, MoeLayer
@@ -28,15 +30,25 @@ def _mixer_spec(mixer, norm, pool_layer: int) -> AttentionLayer | GdnLayer:
         return GdnLayer(mixer.in_weight, mixer.conv_weight, mixer.dt_bias, mixer.A_log,
                         mixer.norm_weight, mixer.out_weight, mixer.hk, mixer.hv, mixer.eps,
                         norm.scale(), norm.eps)
-    return AttentionLayer(mixer.qkv_weight, mixer.o_weight, mixer.q_norm.scale(),
-                          mixer.k_norm.scale(), mixer.nh, mixer.nkv, mixer.gated,
-                          mixer.q_norm.eps, mixer.scale, norm.scale(), norm.eps, pool_layer)
+    norms = mixer.q_norm is not None
+    return AttentionLayer(mixer.qkv_weight, mixer.o_weight,
+                          mixer.q_norm.scale() if norms else None,
+                          mixer.k_norm.scale() if norms else None, mixer.nh, mixer.nkv,
+                          mixer.gated, mixer.q_norm.eps if norms else 1e-6, mixer.scale,
+                          norm.scale(), norm.eps, pool_layer,
+                          None if mixer.qkv_bias is None else mixer.qkv_bias.float())
 
 
-def _moe_spec(mlp: SparseMoE, norm) -> MoeLayer:
+def _moe_spec(mlp: SparseMoE | DenseMLP, norm) -> MoeLayer:
+    if isinstance(mlp, DenseMLP):
+        return MoeLayer(norm.scale(), norm.eps, *mlp.block_weights(), None, None, 1, True)
     shared = (mlp.shared.gate_up, mlp.shared.down) if mlp.has_shared else (None, None)
-    return MoeLayer(norm.scale(), norm.eps, mlp.router, mlp.experts.gate_up, mlp.experts.down,
+    spec = MoeLayer(norm.scale(), norm.eps, mlp.router, mlp.experts.gate_up, mlp.experts.down,
                     *shared, mlp.top_k, mlp.norm_topk_prob)
+    if isinstance(mlp, SigmoidRoutedMoE):
+        spec = dataclasses.replace(spec, score_bias=mlp.score_bias, n_group=mlp.n_group,
+                                   topk_group=mlp.topk_group, routed_scaling=mlp.scaling)
+    return spec
 
 
 def build_decode_stack(model) -> DecodeStack | None:
@@ -49,14 +61,12 @@ def build_decode_stack(model) -> DecodeStack | None:
     layers, pool_layer = [], 0
     for layer in model.layers:
         mixer, mlp = layer.mixer, layer.mlp
-        if (not isinstance(mlp, SparseMoE) or isinstance(mlp, SigmoidRoutedMoE)
-                or not mlp.fused_fits(probe)):  # the stack's MoE layer routes by softmax
+        if not isinstance(mlp, (SparseMoE, DenseMLP)) or not mlp.fused_fits(probe):
             return None
         if isinstance(mixer, GatedDeltaNet):
             if not mixer.decode_fits(probe):
                 return None
-        elif (not isinstance(mixer, Attention) or not mixer.paged_decode_fits(probe)
-              or mixer.qkv_bias is not None or mixer.q_norm is None):  # not in the stack's spec
+        elif not isinstance(mixer, Attention) or not mixer.paged_decode_fits(probe):
             return None
         layers.append((_mixer_spec(mixer, layer.input_norm, pool_layer),
                        _moe_spec(mlp, layer.post_norm)))
@@ -95,7 +105,8 @@ def run_decode_stack(model, stack: DecodeStack, ids: torch.Tensor,
         for i in attn:
             s.layers[i].length += 1
         s.num_tokens += 1
-    for block, layer_ids in zip(model.moe_blocks(), topk):
+    moe_rows = [i for i, layer in enumerate(model.layers) if isinstance(layer.mlp, SparseMoE)]
+    for block, row in zip(model.moe_blocks(), moe_rows):
         if block.routing_observer is not None:
-            block.routing_observer(block.moe_layer, layer_ids)
+            block.routing_observer(block.moe_layer, topk[row])
     return logits

@@ -82,7 +82,7 @@ class DecoderLayer(nn.Module):
             parts = [self.mixer(x[a:b], st, ctx)
                      for a, b, st, ctx in zip(bounds[:-1], bounds[1:], layer_states, ctxs)]
             h = h + (parts[0] if len(parts) == 1 else torch.cat(parts))
-        if fused and isinstance(self.mlp, SparseMoE) and self.mlp.fused_fits(h):
+        if fused and isinstance(self.mlp, (SparseMoE, DenseMLP)) and self.mlp.fused_fits(h):
             return self.mlp.forward_residual(h, self.post_norm)
         return h + self.mlp(self.post_norm(h))
 

@@ -54,6 +54,30 @@ class DenseMLP(nn.Module):
         """``[T, H]`` -> ``[T, H]``."""
         return swiglu(x, self.gate_up, self.down)
 
+    def block_weights(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(router [1, H] zeros, gate_up [1, 2I, H], down [1, H, I])``: this MLP as a MoE
+        block of one expert (softmax over one logit gives it weight exactly 1), the form the
+        C++ decode block and decode stack run."""
+        zero = getattr(self, "_zero_router", None)
+        if zero is None or zero.dtype != self.gate_up.dtype or zero.device != self.gate_up.device:
+            zero = torch.zeros(1, self.gate_up.shape[1], dtype=self.gate_up.dtype,
+                               device=self.gate_up.device)
+            self._zero_router = zero
+        return zero, self.gate_up.unsqueeze(0), self.down.unsqueeze(0)
+
+    def fused_fits(self, h: torch.Tensor) -> bool:
+        """Whether :meth:`forward_residual` takes ``h [T, H]`` (CPU, one kernel dtype, T at
+        decode size)."""
+        return cpu_kernel_fits(h, self.gate_up, self.down)
+
+    def forward_residual(self, h: torch.Tensor, norm: RMSNorm) -> torch.Tensor:
+        """``h + self(norm(h))`` in one C++ call (:meth:`block_weights` through
+        :func:`~freetoken.ops.moe_block.moe_block_decode`); returns ``h``'s dtype."""
+        router, gate_up, down = self.block_weights()
+        out, _ = moe_block_decode(h.contiguous(), norm.scale(), norm.eps, router, gate_up, down,
+                                  None, None, top_k=1, norm_topk_prob=True)
+        return out if h.dtype == torch.float32 else out.to(h.dtype)
+
 
 RoutingObserver = Callable[[int, torch.Tensor], None]  # (MoE layer ordinal, topk ids [T, k])
 

@@ -186,8 +186,8 @@ def test_decode_stack_equals_one_call_per_layer(arch, tiny_checkpoint, dtype, mo
         finally:
             ft.set_routing_observer(None)
         out[stack] = logits, states, routes
-        if stack:  # GLM's biases and sigmoid routing are outside the stack: one call per layer
-            assert runs == ([] if ft.config.model_type == "glm4_moe" else [3] * 4)
+        if stack:
+            assert runs == [3] * 4
             runs.clear()
     assert runs == []
     (a, states_a, routes_a), (b, states_b, routes_b) = out[True], out[False]

@@ -5,6 +5,8 @@ changed on bad input)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -120,7 +122,7 @@ def _layer_by_layer(weights, step, isa):
                 step["pool_k"][j], step["pool_v"][j], step["kv_slots"], step["kv_offsets"],
                 num_heads=mixer.num_heads, num_kv_heads=mixer.num_kv_heads, gated=mixer.gated,
                 eps=mixer.eps, scale=mixer.scale, input_norm=mixer.input_norm,
-                input_eps=mixer.input_eps, isa=isa)
+                input_eps=mixer.input_eps, isa=isa, qkv_bias=mixer.qkv_bias)
         else:
             out = gdn_decode(h, mixer.in_w, mixer.conv_w, mixer.dt_bias, mixer.a_log,
                              mixer.norm_w, mixer.out_w, step["conv_states"][gdn],
@@ -131,12 +133,15 @@ def _layer_by_layer(weights, step, isa):
         out, topk = moe_block_decode(out.to(dtype), moe.norm, moe.eps, moe.router, moe.gate_up,
                                      moe.down, moe.shared_gate_up, moe.shared_down,
                                      top_k=moe.top_k, norm_topk_prob=moe.norm_topk_prob,
-                                     isa=isa)
+                                     isa=isa, score_bias=moe.score_bias, n_group=moe.n_group,
+                                     topk_group=moe.topk_group,
+                                     routed_scaling=moe.routed_scaling)
         h = out.to(dtype)
         ids.append(topk)
     x = F.rms_norm(h.float(), (h.shape[1],), weights["final_norm"], weights["final_eps"])
     logits = kernel_linear(x.to(dtype), weights["lm_head"], isa=isa).to(dtype).float()
-    return logits, torch.stack(ids)
+    k = max(t.shape[1] for t in ids)  # a dense block's single id column is zero-padded
+    return logits, torch.stack([F.pad(t, (0, k - t.shape[1])) for t in ids])
 
 
 @pytest.mark.parametrize("isa", ISAS)
@@ -209,3 +214,43 @@ def test_bad_weights_name_the_layer():
         DecodeStack(**dict(weights, final_norm=torch.ones(5)))
     with pytest.raises(ValueError, match="^a decode stack needs at least one layer$"):
         DecodeStack(**dict(weights, layers=[]))
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_glm_layers_equal_the_layer_ops_and_match_reference(isa, dtype):
+    """GLM-4.5's layer forms: q/k/v biases without q/k norms, a dense first layer (one expert,
+    top_k 1), sigmoid group routing with routed scaling and ungated shared experts."""
+    weights, step = _case(SHAPES[0], dtype, seed=11)
+    g = torch.Generator().manual_seed(12)
+    layers = []
+    for j, (mixer, moe) in enumerate(weights["layers"]):
+        bias = _randn(g, mixer.qkv_w.shape[0], scale=0.5, dtype=dtype).float()
+        mixer = dataclasses.replace(mixer, q_norm=None, k_norm=None, qkv_bias=bias)
+        e, hidden = moe.gate_up.shape[0], moe.gate_up.shape[2]
+        if j == 0:  # dense SwiGLU as one expert
+            moe = dataclasses.replace(moe, router=torch.zeros(1, hidden, dtype=dtype),
+                                      gate_up=moe.gate_up[:1].contiguous(),
+                                      down=moe.down[:1].contiguous(), top_k=1)
+        else:
+            moe = dataclasses.replace(
+                moe, router=_randn(g, e, hidden, scale=4 * hidden**-0.5),
+                shared_gate_up=_randn(g, 64, hidden, scale=hidden**-0.5, dtype=dtype),
+                shared_down=_randn(g, hidden, 32, scale=32**-0.5, dtype=dtype),
+                score_bias=_randn(g, e, scale=0.5), n_group=4, topk_group=2, routed_scaling=2.5)
+        layers.append((mixer, moe))
+    weights["layers"] = layers
+    by_layer_step, ref_step = _clone_step(step), _clone_step(step)
+    logits, topk = DecodeStack(**weights, isa=isa).run(**step)
+    want_logits, want_topk = _layer_by_layer(weights, by_layer_step, isa)
+    assert torch.equal(topk[1:], want_topk[1:])  # the MoE layers (the dense one routes to 0)
+    for got, want in zip(_states(step), _states(by_layer_step)):
+        assert torch.equal(got, want)
+    assert relative_rms_error(want_logits, logits) <= (1e-6 if dtype == torch.float32 else 4e-3)
+    ref_logits, ref_topk = decode_stack_reference(**weights, **ref_step)
+    if dtype == torch.float32:
+        assert torch.equal(topk[1:], ref_topk[1:])
+        assert relative_rms_error(ref_logits, logits) <= STACK_TOLERANCE
+    else:
+        assert relative_rms_error(ref_logits, logits) <= BF16_TOLERANCE
+

@@ -32,7 +32,7 @@ struct DecodeStack {
   int64_t hidden = 0;      // H
   int64_t embed_rows = 0;  // rows of the embedding table (valid token ids)
   int64_t vocab = 0;       // V, rows of the lm_head
-  int64_t top_k = 0;       // of every MoE block
+  int64_t top_k = 0;       // the largest top_k of the blocks (a dense MLP block has 1)
   bool bf16 = false;       // the model dtype of every weight and of the residual stream
   const void* embed = nullptr;       // [embed_rows, H]
   const float* final_norm = nullptr;  // [H] fp32 multiplier of the final RMSNorm

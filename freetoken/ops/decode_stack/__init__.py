@@ -31,8 +31,8 @@ class AttentionLayer:
 
     qkv_w: torch.Tensor
     o_w: torch.Tensor
-    q_norm: torch.Tensor
-    k_norm: torch.Tensor
+    q_norm: torch.Tensor | None
+    k_norm: torch.Tensor | None
     num_heads: int
     num_kv_heads: int
     gated: bool
@@ -41,6 +41,7 @@ class AttentionLayer:
     input_norm: torch.Tensor
     input_eps: float
     pool_layer: int
+    qkv_bias: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,8 @@ class GdnLayer:
 @dataclass(frozen=True)
 class MoeLayer:
     """A sparse MoE block with resident experts (arguments as
-    :func:`~freetoken.ops.moe_block.moe_block_decode`)."""
+    :func:`~freetoken.ops.moe_block.moe_block_decode`, sigmoid routing included); a dense
+    SwiGLU MLP is one expert, ``top_k`` 1, a zero router row (softmax weight exactly 1)."""
 
     norm: torch.Tensor
     eps: float
@@ -74,6 +76,10 @@ class MoeLayer:
     shared_down: torch.Tensor | None
     top_k: int
     norm_topk_prob: bool
+    score_bias: torch.Tensor | None = None
+    n_group: int = 1
+    topk_group: int = 1
+    routed_scaling: float = 1.0
 
 
 def _args(spec) -> tuple:
@@ -88,8 +94,9 @@ class DecodeStack:
         final_norm: ``[H]`` fp32 multiplier of the final RMSNorm; final_eps: its epsilon.
         lm_head: ``[V, H]``.
         layers: per decoder layer ``(mixer, moe)``, mixer an :class:`AttentionLayer` or a
-            :class:`GdnLayer`; every MoE block with the same ``top_k``, every attention layer
-            with the same KV head layout.
+            :class:`GdnLayer`; every attention layer with the same KV head layout. The step's
+            top-k ids are ``[layers, B, k]`` with ``k`` the largest ``top_k``; a block with a
+            smaller one (a dense MLP) fills the first ``B * top_k`` values of its layer's rows.
         isa: kernel variant (``freetoken.ops.cpu_moe.cpu.supported_isas``).
 
     Raises:

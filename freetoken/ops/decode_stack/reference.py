@@ -28,7 +28,8 @@ def decode_stack_reference(embed, final_norm, final_eps, lm_head, layers, token_
             h = paged_decode_attention_reference(
                 h, mixer.qkv_w, mixer.o_w, mixer.q_norm, mixer.k_norm, cos, sin, pool_k[j],
                 pool_v[j], kv_slots, kv_offsets, mixer.num_heads, mixer.num_kv_heads,
-                mixer.gated, mixer.eps, mixer.scale, mixer.input_norm, mixer.input_eps)
+                mixer.gated, mixer.eps, mixer.scale, mixer.input_norm, mixer.input_eps,
+                qkv_bias=mixer.qkv_bias)
         else:
             h = gdn_decode_reference(
                 h, mixer.in_w, mixer.conv_w, mixer.dt_bias, mixer.a_log, mixer.norm_w,
@@ -37,7 +38,11 @@ def decode_stack_reference(embed, final_norm, final_eps, lm_head, layers, token_
             gdn += 1
         h, topk = moe_block_decode_reference(h, moe.norm, moe.eps, moe.router, moe.gate_up,
                                              moe.down, moe.shared_gate_up, moe.shared_down,
-                                             moe.top_k, moe.norm_topk_prob)
+                                             moe.top_k, moe.norm_topk_prob, moe.score_bias,
+                                             moe.n_group, moe.topk_group, moe.routed_scaling)
         ids.append(topk)
+    k = max(t.shape[1] for t in ids)  # a block with a smaller top_k fills the first values
+    rows = [torch.cat([t.flatten(), t.new_zeros(t.shape[0] * (k - t.shape[1]))]).view(-1, k)
+            for t in ids]
     x = F.rms_norm(h, (h.shape[1],), final_norm.float(), final_eps)
-    return x @ lm_head.float().t(), torch.stack(ids)
+    return x @ lm_head.float().t(), torch.stack(rows)
