@@ -243,6 +243,9 @@ class _JsonScan:
         return Step(n, parse_json_call(buf[self.start : p], self.schemas, closed=False))
 
 
+_MORE = object()  # a value step that advanced: keep scanning
+
+
 class _ArgScan:
     """State the XML and GLM scanners share: the call's name, its typed arguments so far, the
     current argument (``key``) and where its value starts, and the search position of a closing
@@ -266,6 +269,34 @@ class _ArgScan:
     def _typed(self, raw: str) -> None:
         props = self.schemas.get(self.name)
         self.args[self.key] = coerce_parameter(raw, None if props is None else props.get(self.key))
+
+    def _store(self, raw: str) -> None:
+        self._typed(raw)
+
+    def _value(self, buf: str, final: bool, close: str, followers: tuple[str, ...]) -> object:
+        """One step inside a value that ends at a ``close`` tag followed (after whitespace) by
+        one of ``followers``: :data:`_MORE` once the value is stored (state ``"between"``) or a
+        ``close`` was found to belong to the value, else what ``advance`` returns."""
+        n = len(buf)
+        q = buf.find(close, self.search)
+        if q < 0:
+            if final:
+                return n
+            self.search = max(self.search, n - len(close) + 1)
+            return None
+        j = _skip_ws(buf, self.after if q == self.pending else q + len(close))
+        if any(buf.startswith(tag, j) for tag in followers):
+            self._store(buf[self.value_start : q])
+            self.pos, self.state = q + len(close), "between"
+        elif j == n or _is_partial(buf, j, followers):
+            if not final:
+                self.search, self.pending, self.after = q, q, j
+                return None
+            self._store(buf[self.value_start : q])
+            return Step(n, self._call())
+        else:
+            self.search = q + 1  # that closing tag belongs to the value
+        return _MORE
 
 
 class _XmlScan(_ArgScan):
@@ -323,25 +354,9 @@ class _XmlScan(_ArgScan):
                 else:
                     return i
             elif self.state == "value":
-                q = buf.find(PARAM_CLOSE, self.search)
-                if q < 0:
-                    if final:
-                        return n
-                    self.search = max(self.search, n - len(PARAM_CLOSE) + 1)
-                    return None
-                j = _skip_ws(buf, self.after if q == self.pending else q + len(PARAM_CLOSE))
-                if buf.startswith(PARAM_OPEN, j) or buf.startswith(FUNC_CLOSE, j):
-                    self._store(buf[self.value_start : q])
-                    self.pos = q + len(PARAM_CLOSE)
-                    self.state = "between"
-                elif j == n or _is_partial(buf, j, (PARAM_OPEN, FUNC_CLOSE)):
-                    if not final:
-                        self.search, self.pending, self.after = q, q, j
-                        return None
-                    self._store(buf[self.value_start : q])
-                    return Step(n, self._call())
-                else:
-                    self.search = q + 1  # that </parameter> belongs to the value
+                got = self._value(buf, final, PARAM_CLOSE, (PARAM_OPEN, FUNC_CLOSE))
+                if got is not _MORE:
+                    return got
             else:  # "close": after </function> of a wrapped call
                 i = _skip_ws(buf, self.pos)
                 if buf.startswith(TOOL_CLOSE, i):
@@ -364,9 +379,6 @@ class _GlmScan(_ArgScan):
 
     def __init__(self, start: int, schemas: dict[str, dict[str, dict]]) -> None:
         super().__init__(start, schemas, "name")
-
-    def _store(self, raw: str) -> None:
-        self._typed(raw)
 
     def _key(self, buf: str, i: int, final: bool) -> int | None:
         """Reads ``<arg_key>K</arg_key>`` at ``i``: the index after it, None to wait, or -1 when
@@ -425,24 +437,9 @@ class _GlmScan(_ArgScan):
                 else:
                     return i  # a key without its value
             else:  # "value"
-                q = buf.find(ARG_VALUE_CLOSE, self.search)
-                if q < 0:
-                    if final:
-                        return n
-                    self.search = max(self.search, n - len(ARG_VALUE_CLOSE) + 1)
-                    return None
-                j = _skip_ws(buf, self.after if q == self.pending else q + len(ARG_VALUE_CLOSE))
-                if buf.startswith(ARG_KEY_OPEN, j) or buf.startswith(TOOL_CLOSE, j):
-                    self._store(buf[self.value_start : q])
-                    self.pos, self.state = q + len(ARG_VALUE_CLOSE), "between"
-                elif j == n or _is_partial(buf, j, (ARG_KEY_OPEN, TOOL_CLOSE)):
-                    if not final:
-                        self.search, self.pending, self.after = q, q, j
-                        return None
-                    self._store(buf[self.value_start : q])
-                    return Step(n, self._call())
-                else:
-                    self.search = q + 1  # that </arg_value> belongs to the value
+                got = self._value(buf, final, ARG_VALUE_CLOSE, (ARG_KEY_OPEN, TOOL_CLOSE))
+                if got is not _MORE:
+                    return got
 
 
 class CallScanner:
