@@ -156,6 +156,8 @@ def _add_make_tiny(sub: argparse._SubParsersAction) -> None:
 
     p.add_argument("--arch", choices=list(ARCHES), required=True)
     p.add_argument("--preset", choices=["tiny", "small"], default="tiny")
+    p.add_argument("--expert-format", choices=["mxfp4", "bf16"], default=None,
+                   help="gpt_oss experts: mxfp4 (default, as released) or the bf16 layout")
     p.add_argument("--weights", choices=["bf16", "fp8"], default="bf16",
                    help="fp8: projection weights FP8 block-quantised (128 x 128), as the "
                         "official -FP8 releases")
@@ -255,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
 
         try:
             out = make_tiny(args.arch, args.preset, args.out_dir, seed=args.seed,
-                            weights=args.weights)
+                            weights=args.weights, expert_format=args.expert_format)
         except OSError as exc:
             print(f"error: cannot write {args.out_dir}: {exc.strerror or exc}", file=sys.stderr)
             return 2

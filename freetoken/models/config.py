@@ -1,8 +1,9 @@
 """The engine's flat, validated view of a Hugging Face ``config.json``.
 
 Follows the key tables of model-architectures.md §1.2 (Qwen3-Next), §1.3 (Qwen3.5-MoE), §3
-(Qwen3-MoE) and §5.6 (GLM-4.5) and the transformers config classes ``Qwen3NextConfig`` /
-``Qwen3_5MoeTextConfig`` / ``Qwen3MoeConfig`` / ``Glm4MoeConfig`` (v5): the same defaults are used where a key may legitimately be absent
+(Qwen3-MoE), §5.6 (GLM-4.5) and §4 (gpt-oss) and the transformers config classes
+``Qwen3NextConfig`` / ``Qwen3_5MoeTextConfig`` / ``Qwen3MoeConfig`` / ``Glm4MoeConfig`` /
+``GptOssConfig`` (v5): the same defaults are used where a key may legitimately be absent
 (``head_dim``, ``attention_bias``, ``mlp_only_layers``, ...), every key that shapes the network is
 required. A multimodal release (Qwen3.5) is read from its ``text_config``.
 """
@@ -13,6 +14,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from freetoken.models.config_gpt_oss import YarnRope, gpt_oss_fields, refuse_mxfp4_parts
+
 # architectures[0] -> model_type the engine implements.
 SUPPORTED_ARCHITECTURES: dict[str, str] = {
     "Qwen3MoeForCausalLM": "qwen3_moe",
@@ -20,6 +23,7 @@ SUPPORTED_ARCHITECTURES: dict[str, str] = {
     "Qwen3_5MoeForConditionalGeneration": "qwen3_5_moe",
     "Qwen3_5MoeForCausalLM": "qwen3_5_moe_text",
     "Glm4MoeForCausalLM": "glm4_moe",
+    "GptOssForCausalLM": "gpt_oss",
 }
 # config.json model_type -> the engine family (chat template, model class).
 FAMILY_OF_MODEL_TYPE = {"qwen3_5_moe_text": "qwen3_5_moe"}
@@ -84,12 +88,12 @@ class _Reader:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Flat engine view of a Qwen3-MoE / Qwen3-Next / Qwen3.5-MoE / GLM-4.5 HF config.
+    """Flat engine view of a Qwen3-MoE / Qwen3-Next / Qwen3.5-MoE / GLM-4.5 / gpt-oss HF config.
 
     Attributes:
         arch: ``architectures[0]`` (e.g. ``"Qwen3NextForCausalLM"``).
         model_type: the family: ``"qwen3_moe"``, ``"qwen3_next"``, ``"qwen3_5_moe"`` (also for
-            a text-only ``qwen3_5_moe_text`` config) or ``"glm4_moe"``.
+            a text-only ``qwen3_5_moe_text`` config), ``"glm4_moe"`` or ``"gpt_oss"``.
         vocab_size: embedding / lm_head rows V (may exceed the tokenizer size).
         hidden_size: H.
         num_hidden_layers: L.
@@ -124,6 +128,17 @@ class ModelConfig:
             (Qwen) or added as is (GLM ``shared_experts``).
         mtp_layers: multi-token-prediction layers the checkpoint stores as
             ``model.layers.{L + i}`` (GLM ``num_nextn_predict_layers``), not loaded.
+        sliding_window: keys a ``"sliding_attention"`` layer sees, itself included (gpt-oss
+            128); 0 when no layer slides.
+        attention_sinks: one learned logit per query head joins each softmax (gpt-oss).
+        o_proj_bias: ``o_proj`` carries a bias (gpt-oss ``attention_bias`` covers q/k/v/o).
+        yarn: YaRN RoPE scaling (gpt-oss), or None for plain RoPE.
+        swiglu_limit, swiglu_alpha: gpt-oss's clamped expert activation
+            ``(clamp(u, -l, l) + 1) * g' * sigmoid(alpha * g')``, ``g' = min(g, l)``; limit 0
+            keeps the plain SwiGLU.
+        expert_bias: routed experts carry gate_up / down biases (gpt-oss).
+        router_bias: the router ``x @ W.T + b`` carries a bias (gpt-oss; with
+            ``router_scoring == "topk_softmax"``: top-k of the logits, softmax over those k).
     """
 
     arch: str
@@ -165,6 +180,14 @@ class ModelConfig:
     routed_scaling_factor: float = 1.0
     shared_expert_gated: bool = True
     mtp_layers: int = 0
+    sliding_window: int = 0
+    attention_sinks: bool = False
+    o_proj_bias: bool = False
+    yarn: YarnRope | None = None
+    swiglu_limit: float = 0.0
+    swiglu_alpha: float = 1.702
+    expert_bias: bool = False
+    router_bias: bool = False
 
     @property
     def rotary_dim(self) -> int:
@@ -227,7 +250,11 @@ class ModelConfig:
                 f"expected {model_type!r} for {arch}"
             )
         config = _text_config(config) if model_type == "qwen3_5_moe" else config
-        _refuse_quantized(config)
+        oss = model_type == "gpt_oss"
+        if oss:
+            refuse_mxfp4_parts(config)
+        else:
+            _refuse_quantized(config)
         model_type = FAMILY_OF_MODEL_TYPE.get(model_type, model_type)
         qwen3_5, glm = model_type == "qwen3_5_moe", model_type == "glm4_moe"
         r = _Reader(config)
@@ -235,8 +262,8 @@ class ModelConfig:
             raise ValueError(
                 f"config.json: 'hidden_act' {config['hidden_act']!r} is unsupported (only 'silu')"
             )
-        attention_bias = r.bool("attention_bias", False)
-        if attention_bias and not glm:
+        attention_bias = r.bool("attention_bias", oss)
+        if attention_bias and not (glm or oss):
             raise ValueError("config.json: 'attention_bias' true is unsupported")
         if r.bool("use_sliding_window", False):
             raise ValueError("config.json: 'use_sliding_window' true is unsupported")
@@ -250,13 +277,16 @@ class ModelConfig:
                 f"'num_key_value_heads' {kv_heads}"
             )
         head_dim = r.int("head_dim", hidden // heads)
-        theta, partial = _rope(config, r, model_type)
+        oss_fields = gpt_oss_fields(config, r, layers) if oss else {}
+        theta, partial = (oss_fields.pop("rope_theta"), 1.0) if oss else _rope(config, r,
+                                                                                 model_type)
         if int(head_dim * partial) % 2 or int(head_dim * partial) == 0:
             raise ValueError(
                 f"config.json: 'partial_rotary_factor' {partial} gives an odd or zero rotary dim"
             )
         next_ = model_type in HYBRID_FAMILIES
-        layer_types = _layer_types(config, r, layers) if next_ else ("full_attention",) * layers
+        layer_types = (_layer_types(config, r, layers) if next_ else oss_fields.pop("layer_types")
+                       if oss else ("full_attention",) * layers)
         gdn = dict.fromkeys(_GDN_KEYS, 0)
         if "linear_attention" in layer_types:
             gdn = {k: r.int(k) for k in gdn}
@@ -265,8 +295,9 @@ class ModelConfig:
                     "config.json: 'linear_num_value_heads' is not a multiple of "
                     "'linear_num_key_heads'"
                 )
-        experts = r.int("n_routed_experts" if glm else "num_experts", minimum=0)
-        top_k = r.int("num_experts_per_tok")
+        experts = r.int("n_routed_experts" if glm else "num_local_experts" if oss
+                        else "num_experts", minimum=0)
+        top_k = r.int("num_experts_per_tok", r.int("experts_per_token", 0, minimum=0) or None)
         if experts and top_k > experts:
             raise ValueError(
                 f"config.json: 'num_experts_per_tok' {top_k} > 'num_experts' {experts}"
@@ -281,7 +312,7 @@ class ModelConfig:
             raise ValueError(
                 f"config.json: 'mlp_only_layers' must be a list of layer indices, got {mlp_only!r}"
             )
-        sparse_step = 1 if qwen3_5 else r.int("decoder_sparse_step", 1)
+        sparse_step = 1 if qwen3_5 or oss else r.int("decoder_sparse_step", 1)
         dense = any(i in mlp_only or (i + 1) % sparse_step or not experts for i in range(layers))
         eos = config.get("eos_token_id")
         eos_ids = tuple(i for i in (eos if isinstance(eos, list) else [eos]) if isinstance(i, int))
@@ -301,14 +332,16 @@ class ModelConfig:
             **gdn,
             num_experts=experts,
             num_experts_per_tok=top_k,
-            norm_topk_prob=True if qwen3_5 else r.bool("norm_topk_prob", True if glm else None),
-            moe_intermediate_size=r.int("moe_intermediate_size") if experts else 0,
+            norm_topk_prob=True if qwen3_5 or oss else r.bool("norm_topk_prob",
+                                                              True if glm else None),
+            moe_intermediate_size=(r.int("intermediate_size" if oss else "moe_intermediate_size")
+                                   if experts else 0),
             shared_expert_intermediate_size=(
                 r.int("shared_expert_intermediate_size") if next_
                 else r.int("n_shared_experts", 1, minimum=0) * r.int("moe_intermediate_size")
                 if glm else 0
             ),
-            intermediate_size=r.int("intermediate_size") if dense else 0,
+            intermediate_size=r.int("intermediate_size") if dense and not oss else 0,
             decoder_sparse_step=sparse_step,
             mlp_only_layers=tuple(mlp_only),
             rms_norm_eps=r.float("rms_norm_eps"),
@@ -319,8 +352,9 @@ class ModelConfig:
             bos_token_id=bos if isinstance(bos, int) and not isinstance(bos, bool) else None,
             eos_token_ids=eos_ids,
             attention_bias=attention_bias,
-            qk_norm=r.bool("use_qk_norm", False) if glm else True,
+            qk_norm=r.bool("use_qk_norm", False) if glm else not oss,
             **glm_fields,
+            **oss_fields,
         )
 
 

@@ -149,7 +149,7 @@ class DecoderLM(CausalLM):
                                        RMSNorm(h, eps, zc, device), RMSNorm(h, eps, zc, device)))
         self.layers = nn.ModuleList(layers)
         self.norm = RMSNorm(h, eps, zc, device)
-        self.rotary = RotaryTable(config.rotary_dim, config.rope_theta, device)
+        self.rotary = RotaryTable(config.rotary_dim, config.rope_theta, device, config.yarn)
 
     def build_mixer(self, layer: int, dtype: torch.dtype, device) -> nn.Module:
         """The token mixer of ``layer`` (an :class:`Attention` or a :class:`GatedDeltaNet`)."""

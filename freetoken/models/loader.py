@@ -11,7 +11,11 @@ Models name tensors in one canonical form (``model.layers.N...``, per-expert
 ``mlp.experts.E.{gate,up,down}_proj.weight``); :class:`Checkpoint` maps the released variants onto
 it: the ``model.language_model.`` prefix of multimodal releases (Qwen3.5) and, when asked, the
 transformers-v5 fused expert tensors ``mlp.experts.gate_up_proj [E, 2I, H]`` (rows ``0:I`` gate,
-``I:2I`` up) and ``mlp.experts.down_proj [E, H, I]``, read one expert slice at a time.
+``I:2I`` up) and ``mlp.experts.down_proj [E, H, I]``, read one expert slice at a time. gpt-oss
+(``oss_experts``) keeps its fused tensors per expert under ``mlp.experts.{e}.gate_up_proj [2I, H]``
+(rows still interleaved), ``down_proj [H, I]`` and their ``_bias`` rows: from the released MXFP4
+``*_blocks`` / ``*_scales`` pairs (dequantised as read) or from the bf16 ``[E, in, out]`` layout
+(transposed as read).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import torch
 from safetensors import safe_open
 
 from freetoken.models.load_progress import LoadProgress, LoadStep
+from freetoken.ops.cpu_moe.quant import dequantize_mxfp4
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -34,6 +39,8 @@ TEXT_PREFIX = "model.language_model."
 SCALE_SUFFIX = "_scale_inv"  # FP8 block scales: weight = fp8 values * scale per block
 FP8_DTYPES = ("F8_E4M3",)
 _FUSED_EXPERTS = re.compile(r"(.*\.mlp\.experts)\.(gate_up_proj|down_proj)")
+_OSS_EXPERTS = re.compile(r"(.*\.mlp\.experts)\.(gate_up_proj|down_proj)(_blocks|_bias)?")
+MXFP4_BLOCKS, MXFP4_SCALES = "_blocks", "_scales"
 _LAYER = re.compile(r"model\.layers\.(\d+)\.")
 _LIST_LIMIT = 8
 _DTYPE_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "BF16": 2, "F16": 2,
@@ -49,12 +56,16 @@ class StoredSlice:
         index: index into dim 0 of the stored tensor (one expert of a fused tensor), or None.
         rows: ``(start, stop)`` of the next dim after ``index`` (gate or up half), or None.
         scale: the ``{name}_scale_inv`` tensor of an FP8 block-quantised weight, or None.
+        mxfp4_scales: the ``*_scales`` tensor of an MXFP4 ``*_blocks`` tensor, or None.
+        transpose: the stored slice is ``[in, out]`` (gpt-oss bf16 experts): read transposed.
     """
 
     name: str
     index: int | None = None
     rows: tuple[int, int] | None = None
     scale: str | None = None
+    mxfp4_scales: str | None = None
+    transpose: bool = False
 
 
 @dataclass(frozen=True)
@@ -81,6 +92,8 @@ class Checkpoint:
             Qwen families' layout; a family whose fused tensors differ passes False).
         mtp_from_layer: ignore ``model.layers.{i}.*`` for ``i >=`` this (the MTP layers GLM
             stores after its last decoder layer), or None.
+        oss_experts: map gpt-oss expert tensors to their per-expert canonical names (see the
+            module docstring) instead of the Qwen fused layout.
 
     Attributes:
         path: the checkpoint directory.
@@ -95,9 +108,10 @@ class Checkpoint:
     """
 
     def __init__(self, path: str | Path, fused_experts: bool = True,
-                 mtp_from_layer: int | None = None) -> None:
+                 mtp_from_layer: int | None = None, oss_experts: bool = False) -> None:
         self.path = Path(path)
         self._mtp_from = mtp_from_layer
+        self._oss = oss_experts
         index = self.path / INDEX_FILE
         single = self.path / SINGLE_FILE
         if index.is_file():
@@ -112,9 +126,12 @@ class Checkpoint:
         self._source: dict[str, StoredSlice] = {}
         self._shapes: dict[str, tuple[int, ...]] = {}
         self._dtypes: dict[str, str] = {}
-        self._scales = {n for n in stored if n.endswith(SCALE_SUFFIX)}
+        self._scales = {n for n in stored if n.endswith(SCALE_SUFFIX) or (
+            oss_experts and n.endswith(MXFP4_SCALES)
+            and n[: -len(MXFP4_SCALES)] + MXFP4_BLOCKS in stored)}
         self._stored_shapes: dict[str, tuple[int, ...]] = {}
         self._scale_shapes: dict[str, tuple[int, ...]] = {}
+        tensors = []  # registered once every scale shape is known (a scale may come later)
         for file, names in self.by_file(stored).items():
             with _open(file) as f:
                 present = set(f.keys())
@@ -125,8 +142,10 @@ class Checkpoint:
                     if name in self._scales:
                         self._scale_shapes[name] = tuple(piece.get_shape())
                         continue
-                    self._add(name, file, tuple(piece.get_shape()), str(piece.get_dtype()),
-                              fused_experts)
+                    tensors.append((name, file, tuple(piece.get_shape()),
+                                    str(piece.get_dtype())))
+        for name, file, shape, dtype in tensors:
+            self._add(name, file, shape, dtype, fused_experts)
         self._check_scales(stored)
 
     def _add(self, name: str, file: Path, shape: tuple[int, ...], dtype: str,
@@ -141,6 +160,10 @@ class Checkpoint:
         text = name.startswith(TEXT_PREFIX)
         canonical = "model." + name[len(TEXT_PREFIX):] if text else name
         scale = name + SCALE_SUFFIX if name + SCALE_SUFFIX in self._scales else None
+        oss = _OSS_EXPERTS.fullmatch(canonical) if self._oss else None
+        if oss is not None and len(shape) >= 2:
+            self._add_oss(name, oss.groups(), file, shape, dtype)
+            return
         fused = _FUSED_EXPERTS.fullmatch(canonical) if fused_experts else None
         if fused is None or len(shape) != 3:
             self._put(canonical, StoredSlice(name, scale=scale), file, shape, dtype)
@@ -159,10 +182,36 @@ class Checkpoint:
                 self._put(f"{base}.{e}.{proj}.weight", StoredSlice(name, e, rows, scale),
                           file, (half, shape[2]), dtype)
 
+    def _add_oss(self, name: str, parts: tuple, file: Path, shape: tuple[int, ...],
+                 dtype: str) -> None:
+        """Register a gpt-oss expert tensor per expert: ``{base}.{e}.{proj}[_bias]``."""
+        base, proj, kind = parts
+        if kind == MXFP4_BLOCKS:
+            scales = name[: -len(MXFP4_BLOCKS)] + MXFP4_SCALES
+            grid = self._scale_shapes.get(scales)
+            if len(shape) != 4 or shape[3] != 16 or grid != shape[:3]:
+                raise ValueError(f"checkpoint {self.path}: MXFP4 tensor {name!r} {list(shape)} "
+                                 f"needs [E, R, C/32, 16] blocks and {scales!r} [E, R, C/32], "
+                                 f"got {list(grid) if grid else 'none'}")
+            for e in range(shape[0]):
+                self._put(f"{base}.{e}.{proj}", StoredSlice(name, e, mxfp4_scales=scales),
+                          file, (shape[1], shape[2] * 32), "MXFP4")
+            return
+        if kind is None and len(shape) != 3:
+            raise ValueError(f"checkpoint {self.path}: expert tensor {name!r} has shape "
+                             f"{list(shape)}, expected [E, in, out]")
+        suffix = "_bias" if kind == "_bias" else ""
+        per = shape[1:] if kind == "_bias" else (shape[2], shape[1])
+        for e in range(shape[0]):
+            self._put(f"{base}.{e}.{proj}{suffix}",
+                      StoredSlice(name, e, transpose=kind is None), file, per, dtype)
+
     def _check_scales(self, stored: dict[str, Path]) -> None:
         """Every FP8 tensor has a block-scale grid that divides it, and every scale a weight."""
         known = set(self._stored_shapes) | set(self.ignored)
         for scale in self._scales:
+            if scale.endswith(MXFP4_SCALES):
+                continue  # paired with its blocks when they were registered
             if scale[: -len(SCALE_SUFFIX)] not in known:
                 raise ValueError(f"checkpoint {self.path}: {scale!r} scales no tensor")
         for canonical, source in self._source.items():
@@ -187,6 +236,11 @@ class Checkpoint:
         ``files[name]``; a fused expert's slice reads only that expert's bytes."""
         source = self._source[name]
         value = self._slice(handle, source.name, source.index, source.rows)
+        if source.mxfp4_scales is not None:
+            scales = self._slice(handle, source.mxfp4_scales, source.index, None)
+            return dequantize_mxfp4(value, scales)
+        if source.transpose:
+            return value.t()
         if source.scale is None:
             return value
         grid = self._scale_shapes[source.scale][-2:]
@@ -245,11 +299,13 @@ class Checkpoint:
         count = 1
         for d in self._shapes[name]:
             count *= d
+        if self._dtypes[name] == "MXFP4":  # 16 bytes of codes + 1 scale byte per 32 values
+            return count * 17 // 32
         return count * _DTYPE_BYTES.get(self._dtypes[name], 1)
 
     def dtype(self, name: str) -> str:
         """safetensors dtype code of tensor ``name`` as stored (``"BF16"``, ``"F32"``, ...;
-        KeyError if absent)."""
+        ``"MXFP4"`` for a blocks / scales pair; KeyError if absent)."""
         return self._dtypes[name]
 
 

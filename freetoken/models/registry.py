@@ -17,6 +17,7 @@ from freetoken.models.base import CausalLM
 from freetoken.models.config import ModelConfig, unsupported_architecture_error
 from freetoken.models.decoder import DecoderLM
 from freetoken.models.glm4_moe import Glm4MoeForCausalLM
+from freetoken.models.gpt_oss import GptOssForCausalLM
 from freetoken.models.host_memory import (
     available_host_memory, check_host_memory, host_bytes_needed, routed_expert_bytes,
 )
@@ -33,6 +34,7 @@ MODEL_CLASSES: dict[str, type[DecoderLM]] = {
     "Qwen3_5MoeForConditionalGeneration": Qwen3_5MoeForCausalLM,
     "Qwen3_5MoeForCausalLM": Qwen3_5MoeForCausalLM,
     "Glm4MoeForCausalLM": Glm4MoeForCausalLM,
+    "GptOssForCausalLM": GptOssForCausalLM,
 }
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16)
 logger = logging.getLogger("freetoken.models")
@@ -76,14 +78,20 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32,
         raise unsupported_architecture_error(arch)
     config = ModelConfig.from_hf(raw)
     checkpoint = Checkpoint(path, mtp_from_layer=config.num_hidden_layers if config.mtp_layers
-                            else None)
+                            else None, oss_experts=config.model_type == "gpt_oss")
     vision = sum(name.startswith("model.visual.") for name in checkpoint.ignored)
     if vision:
         logger.info("vision tower not loaded (%d tensors): serving the text model only", vision)
+    if moe is not None and config.expert_bias:
+        logger.info("gpt_oss routed experts are served resident (the offload runtime has no "
+                    "biased clamped-SwiGLU experts)")
+        moe = None
     _check_memory(MODEL_CLASSES[arch], config, checkpoint, dtype, torch.device(device), moe)
-    if isinstance(raw.get("quantization_config"), dict):
-        logger.info("fp8 block-quantised checkpoint: weights dequantised to %s as they are read",
-                    str(dtype).removeprefix("torch."))
+    quant = raw.get("quantization_config")
+    if isinstance(quant, dict):
+        logger.info("%s checkpoint: weights dequantised to %s as they are read",
+                    "mxfp4 expert" if quant.get("quant_method") == "mxfp4"
+                    else "fp8 block-quantised", str(dtype).removeprefix("torch."))
     if moe is not None:
         from freetoken.offload.loading import build_offloaded
 

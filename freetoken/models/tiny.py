@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from freetoken.models import tiny_mxfp4
 from freetoken.models.config import ModelConfig
 from freetoken.models.tiny_calibrate import TARGET_END_PROB, calibrate_im_end
 from freetoken.models.tiny_fp8 import quantization_config
@@ -61,7 +62,8 @@ def _write_json(path: Path, data: dict) -> None:
 
 
 def make_tiny(arch: str, preset: str, out_dir: str | Path, seed: int = 0,
-              config_overrides: dict | None = None, weights: str = "bf16") -> Path:
+              config_overrides: dict | None = None, weights: str = "bf16",
+              expert_format: str | None = None) -> Path:
     """Write a seeded-random ``arch`` checkpoint of size ``preset`` into ``out_dir``.
 
     Args:
@@ -76,6 +78,8 @@ def make_tiny(arch: str, preset: str, out_dir: str | Path, seed: int = 0,
             from it (tests use it for variants such as dense ``mlp_only_layers``).
         weights: ``"bf16"``, or ``"fp8"``: projection weights FP8 block-quantised with
             128 x 128 blocks and a ``quantization_config``, as the official -FP8 releases.
+        expert_format: gpt_oss only: ``"mxfp4"`` (the default, as released) or ``"bf16"``
+            (the dequantised layout).
 
     Returns:
         ``out_dir`` as a Path; ``freetoken_tiny.json`` there records the inputs and the chosen
@@ -105,10 +109,18 @@ def make_tiny(arch: str, preset: str, out_dir: str | Path, seed: int = 0,
     if weights not in ("bf16", "fp8"):
         raise ValueError(f"make_tiny: weights must be 'bf16' or 'fp8', got {weights!r}")
     block = FP8_BLOCK if weights == "fp8" else None
+    if expert_format is not None and arch != "gpt_oss":
+        raise ValueError("make_tiny: expert_format applies to gpt_oss only")
+    mxfp4 = arch == "gpt_oss" and (expert_format or "mxfp4") == "mxfp4"
+    if arch == "gpt_oss" and (block is not None or expert_format not in (None, "mxfp4", "bf16")):
+        raise ValueError("make_tiny: gpt_oss experts are 'mxfp4' (default) or 'bf16', and its "
+                         "other weights stay bf16")
     files = write_safetensors(config, seed, out, vision_config=raw.get("vision_config"),
-                              fp8_block=block)
+                              fp8_block=block, mxfp4=mxfp4)
     if block is not None:
         raw["quantization_config"] = quantization_config(block, _not_converted(files))
+    if mxfp4:
+        raw["quantization_config"] = tiny_mxfp4.quantization_config()
     _write_json(out / "config.json", raw)
     _write_json(out / "generation_config.json", {
         "bos_token_id": bos,
@@ -116,7 +128,7 @@ def make_tiny(arch: str, preset: str, out_dir: str | Path, seed: int = 0,
         "pad_token_id": bos,
         "transformers_version": raw["transformers_version"],
     })
-    if arch == "glm4_moe":
+    if arch in ("glm4_moe", "gpt_oss"):
         _write_json(out / "tokenizer.json", tokenizer)
     else:
         shutil.copyfile(TOKENIZER_FILE, out / "tokenizer.json")

@@ -5,8 +5,10 @@ Qwen3-Next-80B-A3B, §1.3 for Qwen3.5-35B-A3B, §3 for Qwen3-30B-A3B; transforme
 differ from the real files, so none are relied on). GLM-4.5 follows the GLM-4.5-Air config
 (§5.6; the real file was not available, its keys are those transformers ``Glm4MoeConfig`` reads;
 ``num_nextn_predict_layers`` 1 as released, the MTP layer itself is not written: neither engine
-loads it). Only the sizes shrink (qwen3_5_moe has the qwen3_next sizes, plus a one-block vision
-tower that the engine does not serve; glm4_moe the qwen3_moe sizes, its first layer dense):
+loads it). gpt-oss follows the gpt-oss-120b config (§4.1: legacy ``rope_scaling`` and
+``experts_per_token`` keys as in the released file). Only the sizes shrink (qwen3_5_moe has the
+qwen3_next sizes, plus a one-block vision tower that the engine does not serve; glm4_moe the
+qwen3_moe sizes, its first layer dense; gpt_oss H 256 / 1024 with a 32 / 128-key window):
 
 * ``tiny``: a few MB, for the test suite; qwen3_next has 4 layers with
   ``full_attention_interval`` 4 (3 Gated DeltaNet + 1 gated attention), 16 experts, top-4.
@@ -19,7 +21,7 @@ clients send 20-40k-token prompts).
 
 from __future__ import annotations
 
-ARCHES = ("qwen3_moe", "qwen3_next", "qwen3_5_moe", "glm4_moe")
+ARCHES = ("qwen3_moe", "qwen3_next", "qwen3_5_moe", "glm4_moe", "gpt_oss")
 PRESETS = ("tiny", "small")
 MAX_POSITIONS = 262144
 
@@ -213,6 +215,56 @@ def _glm4_moe(sizes: dict, vocab: int, pad: int, stops: list[int]) -> dict:
     }
 
 
+_GPT_OSS = {  # H and I multiples of 32 (MXFP4 groups); top-4 as released
+    "tiny": dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=64, num_local_experts=16,
+                 intermediate_size=128, sliding_window=32),
+    "small": dict(hidden_size=1024, num_hidden_layers=12, num_attention_heads=16,
+                  num_key_value_heads=2, head_dim=64, num_local_experts=64,
+                  intermediate_size=512, sliding_window=128),
+}
+
+
+def _gpt_oss(sizes: dict, vocab: int, pad: int, stops: list[int]) -> dict:
+    layers = sizes["num_hidden_layers"]
+    return {
+        "architectures": ["GptOssForCausalLM"],
+        "attention_bias": True,
+        "attention_dropout": 0.0,
+        "eos_token_id": stops[0],
+        "experts_per_token": 4,
+        "head_dim": sizes["head_dim"],
+        "hidden_act": "silu",
+        "hidden_size": sizes["hidden_size"],
+        "initial_context_length": 4096,
+        "initializer_range": 0.02,
+        "intermediate_size": sizes["intermediate_size"],
+        "layer_types": ["sliding_attention" if i % 2 == 0 else "full_attention"
+                        for i in range(layers)],
+        "max_position_embeddings": 131072,
+        "model_type": "gpt_oss",
+        "num_attention_heads": sizes["num_attention_heads"],
+        "num_experts_per_tok": 4,
+        "num_hidden_layers": layers,
+        "num_key_value_heads": sizes["num_key_value_heads"],
+        "num_local_experts": sizes["num_local_experts"],
+        "output_router_logits": False,
+        "pad_token_id": pad,
+        "rms_norm_eps": 1e-05,
+        "rope_scaling": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0,
+                         "original_max_position_embeddings": 4096, "rope_type": "yarn",
+                         "truncate": False},
+        "rope_theta": 150000,
+        "router_aux_loss_coef": 0.9,
+        "sliding_window": sizes["sliding_window"],
+        "swiglu_limit": 7.0,
+        "tie_word_embeddings": False,
+        "transformers_version": "4.55.0.dev0",
+        "use_cache": True,
+        "vocab_size": vocab,
+    }
+
+
 def _qwen3_moe(sizes: dict, vocab: int, bos: int, eos: int) -> dict:
     layers = sizes["num_hidden_layers"]
     return {
@@ -277,6 +329,8 @@ def preset_config(arch: str, preset: str, vocab_size: int, bos_id: int, eos_id: 
     if arch == "qwen3_5_moe":
         sizes = _SIZES[("qwen3_next", preset)]
         return _qwen3_5_moe(sizes, vocab_size, bos_id, eos_id, vision_ids or {})
+    if arch == "gpt_oss":
+        return _gpt_oss(_GPT_OSS[preset], vocab_size, bos_id, stop_ids or [eos_id])
     if arch == "glm4_moe":
         return _glm4_moe(_SIZES[("qwen3_moe", preset)], vocab_size, bos_id, stop_ids or [eos_id])
     build = _qwen3_next if arch == "qwen3_next" else _qwen3_moe

@@ -62,14 +62,19 @@ def tensor_specs(config: ModelConfig, vision_config: dict | None = None,
     per-expert tensors: ``fused_experts`` False)."""
     from freetoken.models.registry import MODEL_CLASSES
 
+    from freetoken.models import tiny_mxfp4
+
     model = MODEL_CLASSES[config.arch](config, dtype=STORED_DTYPE, device="meta")
-    qwen3_5 = config.model_type == "qwen3_5_moe"
+    qwen3_5, oss = config.model_type == "qwen3_5_moe", config.model_type == "gpt_oss"
     specs = []
     for name, target in model.weight_targets().items():
         fp32 = (name.endswith(("A_log", "e_score_correction_bias"))
                 or (qwen3_5 and name.endswith("linear_attn.norm.weight")))
         spec = TensorSpec(name, tuple(target.dest.shape), torch.float32 if fp32 else STORED_DTYPE)
-        specs.extend(_released(spec, config, fused_experts) if qwen3_5 else [spec])
+        if qwen3_5:
+            specs.extend(_released(spec, config, fused_experts))
+        else:
+            specs.extend(tiny_mxfp4.released(spec, config) if oss else [spec])
     return specs + (_vision_specs(vision_config) if vision_config else [])
 
 
@@ -151,17 +156,19 @@ def generate(config: ModelConfig, seed: int, vision_config: dict | None = None,
 def write_safetensors(config: ModelConfig, seed: int, out_dir: Path,
                       max_shard_bytes: int = MAX_SHARD_BYTES,
                       vision_config: dict | None = None,
-                      fp8_block: tuple[int, int] | None = None) -> list[Path]:
+                      fp8_block: tuple[int, int] | None = None,
+                      mxfp4: bool = False) -> list[Path]:
     """Write the weights as ``model.safetensors`` or, above ``max_shard_bytes``, as shards
     ``model-0000i-of-0000n.safetensors`` plus ``model.safetensors.index.json``.
 
     Only one shard is held in memory at a time. ``fp8_block``: store the projection weights
-    FP8 block-quantised (``tiny_fp8``) with that block shape.
+    FP8 block-quantised (``tiny_fp8``) with that block shape. ``mxfp4``: store gpt-oss's
+    fused expert weights as MXFP4 blocks and scales (``tiny_mxfp4``).
 
     Returns:
         the written files.
     """
-    from freetoken.models import tiny_fp8
+    from freetoken.models import tiny_fp8, tiny_mxfp4
 
     fused = fp8_block is None
     specs = tensor_specs(config, vision_config, fused)
@@ -169,6 +176,9 @@ def write_safetensors(config: ModelConfig, seed: int, out_dir: Path,
     if fp8_block is not None:
         specs = tiny_fp8.quantized_specs(specs, fp8_block)
         items = tiny_fp8.quantized(items, fp8_block)
+    if mxfp4:
+        specs = tiny_mxfp4.mxfp4_specs(specs)
+        items = tiny_mxfp4.mxfp4_items(items)
     shard_of, size, shard = [], 0, 0
     for spec in specs:
         if size and size + spec.nbytes > max_shard_bytes:

@@ -12,7 +12,7 @@ import torch
 os.environ["HF_HUB_OFFLINE"] = "1"
 sys.modules["fla"] = None  # see tests/conftest.py
 
-ARCHES = ("qwen3_moe", "qwen3_next", "qwen3_5_moe", "glm4_moe")
+ARCHES = ("qwen3_moe", "qwen3_next", "qwen3_5_moe", "glm4_moe", "gpt_oss")
 PROMPT_TEXT = (
     "<|im_start|>system\nYou are a coding assistant.<|im_end|>\n<|im_start|>user\n"
     "Write a Python function that parses a CSV file and returns the rows as dicts, "
@@ -22,10 +22,12 @@ PROMPT_TEXT = (
 
 
 def load_hf(path: Path) -> torch.nn.Module:
-    """The checkpoint as transformers' fp32 ``AutoModelForCausalLM`` (the parity oracle)."""
+    """The checkpoint as transformers' fp32 ``AutoModelForCausalLM`` (the parity oracle); its
+    eager attention, the one that applies gpt-oss's sinks."""
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
+                                                attn_implementation="eager").eval()
 
 
 def prompt_ids(path: Path, length: int) -> torch.Tensor:

@@ -65,7 +65,7 @@ def _error(raw: dict) -> str:
 @pytest.mark.parametrize("change, message", [
     ({"architectures": ["MixtralForCausalLM"]},
      "unsupported architecture 'MixtralForCausalLM'; supported: Glm4MoeForCausalLM, "
-     "Qwen3MoeForCausalLM, Qwen3NextForCausalLM, Qwen3_5MoeForCausalLM, "
+     "GptOssForCausalLM, Qwen3MoeForCausalLM, Qwen3NextForCausalLM, Qwen3_5MoeForCausalLM, "
      "Qwen3_5MoeForConditionalGeneration"),
     ({"architectures": []}, "config.json: 'architectures' must be a non-empty list of strings"),
     ({"model_type": "qwen3_moe"},

@@ -28,7 +28,7 @@ TURNS_PER_PROMPT = 8
 CAP = 200
 
 
-@pytest.mark.parametrize("arch", ["qwen3_moe", "qwen3_next", "qwen3_5_moe", "glm4_moe"])
+@pytest.mark.parametrize("arch", ["qwen3_moe", "qwen3_next", "qwen3_5_moe", "glm4_moe", "gpt_oss"])
 def test_sampled_turns_end(arch: str, tiny_checkpoint) -> None:
     path = tiny_checkpoint(arch)
     model, tok = load_model(path), Tokenizer.from_pretrained(path)

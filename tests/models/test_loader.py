@@ -116,7 +116,7 @@ def test_unknown_architecture(source, tmp_path) -> None:
         load_model(other)
     assert str(err.value) == (
         "unsupported architecture 'LlamaForCausalLM'; supported: Glm4MoeForCausalLM, "
-        "Qwen3MoeForCausalLM, Qwen3NextForCausalLM, Qwen3_5MoeForCausalLM, "
+        "GptOssForCausalLM, Qwen3MoeForCausalLM, Qwen3NextForCausalLM, Qwen3_5MoeForCausalLM, "
         "Qwen3_5MoeForConditionalGeneration"
     )
 

@@ -30,7 +30,7 @@ def _record_batches(engine) -> list[list[tuple[int, int]]]:
     return seen
 
 
-@pytest.mark.parametrize("arch", ["qwen3_next", "qwen3_moe", "qwen3_5_moe", "glm4_moe"])
+@pytest.mark.parametrize("arch", ["qwen3_next", "qwen3_moe", "qwen3_5_moe", "glm4_moe", "gpt_oss"])
 def test_concurrent_requests_and_a_late_arrival_match_running_alone(arch: str) -> None:
     prompts = [render(arch, agent_turns(n))[1] for n in (0, 1, 2)]
     prompts[2] = prompts[2][:-7]  # a different length and ending
