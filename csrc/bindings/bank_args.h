@@ -1,4 +1,5 @@
-// Boundary checks of one expert bank (gate_up or down) in any weight format, for bind_moe.cpp.
+// Boundary checks of one expert bank (gate_up or down) in any weight format, and of the
+// optional per-expert biases (gpt-oss), for bind_moe.cpp.
 // Header-only so no binding file adds a pybind11 translation unit of its own (build time, see
 // tensor_arg.h).
 #pragma once
@@ -107,6 +108,25 @@ inline BankArg check_bank(const std::string& format_name, const py::tuple& tenso
   }
   b.logical = {pk.shape[0], pk.shape[1], cols};
   return b;
+}
+
+// Checks the optional bias `name` of the banks: None, or a contiguous CPU float32 tensor
+// `layout` = [rows, cols] with the sizes the banks give (e.g. gate_up_bias [N, 2I]). Returns
+// its data (nullptr for None) and appends the tensor to `keep` so it outlives the kernel's
+// reads. Raises TypeError (not a tensor, not float32) / ValueError (device, rank, contiguity,
+// shape); messages start with `name`.
+inline const float* check_bias(const py::handle& obj, const std::string& name,
+                               const char* layout, int64_t rows, int64_t cols,
+                               std::vector<py::object>& keep) {
+  if (obj.is_none()) return nullptr;
+  TensorArg b = check_tensor(obj, name.c_str(), layout, 2, {"float32"});
+  if (b.shape != std::vector<int64_t>{rows, cols}) {
+    throw py::value_error(name + " " + shape_str(b.shape) +
+                          " does not match the expert banks: expected " + layout + " = " +
+                          shape_str({rows, cols}));
+  }
+  keep.push_back(b.obj);
+  return static_cast<const float*>(b.data);
 }
 
 }  // namespace freetoken::bindings

@@ -3,6 +3,7 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -145,6 +146,43 @@ Activations parse_activations(const std::string& activations, WeightFormat forma
                         "'; expected one of: fp32, q8, bf16");
 }
 
+// The gpt-oss expert options of one submit, as passed from Python (checked in apply_glu).
+struct GluArgs {
+  py::object gate_up_bias;           // None or [N, 2I] float32
+  py::object down_bias;              // None or [N, H] float32
+  std::optional<double> swiglu_limit;  // None: silu(g) * u
+  double swiglu_alpha = 1.702;
+};
+
+// Checks `glu` against banks of N experts, H hidden, I intermediate and sets p's gpt-oss fields;
+// the bias tensors join `keep`. Raises TypeError / ValueError (messages name the argument).
+void apply_glu(const GluArgs& glu, int64_t n, int64_t h, int64_t i, MoeProblem& p,
+               std::vector<py::object>& keep) {
+  p.gate_up_bias = check_bias(glu.gate_up_bias, "gate_up_bias", "[N, 2I]", n, 2 * i, keep);
+  p.down_bias = check_bias(glu.down_bias, "down_bias", "[N, H]", n, h, keep);
+  const auto repr = [](double v) { return py::repr(py::float_(v)).cast<std::string>(); };
+  if (!std::isfinite(glu.swiglu_alpha)) {
+    throw py::value_error("swiglu_alpha must be finite, got " + repr(glu.swiglu_alpha));
+  }
+  if (!glu.swiglu_limit) {
+    // alpha only exists in the gpt-oss activation: a changed alpha without it would be ignored.
+    if (glu.swiglu_alpha != 1.702) {
+      throw py::value_error("swiglu_alpha applies only with swiglu_limit (the gpt-oss "
+                            "activation); got swiglu_alpha=" + repr(glu.swiglu_alpha) +
+                            " with swiglu_limit=None");
+    }
+    return;
+  }
+  // Checked as the float the kernel gets: a positive double below the float range is 0 there.
+  if (!(static_cast<float>(*glu.swiglu_limit) > 0.0f)) {
+    throw py::value_error("swiglu_limit must be > 0 (inf: the gpt-oss activation without a "
+                          "clamp; None: silu(g) * u), got " + repr(*glu.swiglu_limit));
+  }
+  p.swiglu_clamp = true;
+  p.swiglu_limit = static_cast<float>(*glu.swiglu_limit);
+  p.swiglu_alpha = static_cast<float>(glu.swiglu_alpha);
+}
+
 std::vector<int64_t> copy_i64(const TensorArg& t) {
   const auto* p = static_cast<const int64_t*>(t.data);
   return std::vector<int64_t>(p, p + t.shape[0]);
@@ -156,7 +194,7 @@ std::unique_ptr<MoeHandle> submit_checked(const py::handle& x, const py::handle&
                                           BankArg gu, BankArg dn,
                                           const std::optional<std::string>& isa,
                                           const std::string& format_name,
-                                          const std::string& activations) {
+                                          const std::string& activations, const GluArgs& glu) {
   const Activations act = parse_activations(activations, gu.bank.format, format_name);
   TensorArg xa = check_tensor(x, "x", "[T, H]", 2, {"float32", "bfloat16"});
   TensorArg ta = check_tensor(token_ids, "token_ids", "[P]", 1, {"int64"});
@@ -196,12 +234,13 @@ std::unique_ptr<MoeHandle> submit_checked(const py::handle& x, const py::handle&
   } catch (const std::invalid_argument& e) {
     throw py::value_error(e.what());
   }
+  std::vector<py::object> keep{xa.obj};
+  apply_glu(glu, n, h, i, p, keep);
   p.isa = resolve_isa(isa);
   p.activations = act;
   const TorchRefs& torch = torch_refs();
   py::object out = torch.empty(p.num_tokens, h, py::arg("dtype") = torch.float32);
   p.out = reinterpret_cast<float*>(call_method(out, torch.data_ptr).cast<uintptr_t>());
-  std::vector<py::object> keep{xa.obj};
   keep.insert(keep.end(), gu.keep.begin(), gu.keep.end());
   keep.insert(keep.end(), dn.keep.begin(), dn.keep.end());
   MoeRunner& r = runner();
@@ -218,7 +257,9 @@ std::unique_ptr<MoeHandle> submit(const py::handle& x, const py::handle& token_i
                                   const py::handle& expert_ids, const py::handle& weights,
                                   const py::handle& gate_up, const py::handle& down,
                                   const std::optional<std::string>& isa,
-                                  const std::string& activations) {
+                                  const std::string& activations, const py::object& gate_up_bias,
+                                  const py::object& down_bias,
+                                  std::optional<double> swiglu_limit, double swiglu_alpha) {
   TensorArg gu = check_tensor(gate_up, "gate_up", "[N, 2I, H]", 3, {"float32", "bfloat16"});
   TensorArg dn = check_tensor(down, "down", "[N, H, I]", 3, {"float32", "bfloat16"});
   if (gu.dtype != dn.dtype) {
@@ -229,7 +270,7 @@ std::unique_ptr<MoeHandle> submit(const py::handle& x, const py::handle& token_i
   return submit_checked(x, token_ids, expert_ids, weights,
                         check_bank(format, py::make_tuple(gate_up), "gate_up", "[N, 2I, H]"),
                         check_bank(format, py::make_tuple(down), "down", "[N, H, I]"), isa, format,
-                        activations);
+                        activations, {gate_up_bias, down_bias, swiglu_limit, swiglu_alpha});
 }
 
 std::unique_ptr<MoeHandle> submit_banks(const py::handle& x, const py::handle& token_ids,
@@ -237,10 +278,15 @@ std::unique_ptr<MoeHandle> submit_banks(const py::handle& x, const py::handle& t
                                         const std::string& format, const py::tuple& gate_up,
                                         const py::tuple& down,
                                         const std::optional<std::string>& isa,
-                                        const std::string& activations) {
+                                        const std::string& activations,
+                                        const py::object& gate_up_bias,
+                                        const py::object& down_bias,
+                                        std::optional<double> swiglu_limit,
+                                        double swiglu_alpha) {
   return submit_checked(x, token_ids, expert_ids, weights,
                         check_bank(format, gate_up, "gate_up", "[N, 2I, H]"),
-                        check_bank(format, down, "down", "[N, H, I]"), isa, format, activations);
+                        check_bank(format, down, "down", "[N, H, I]"), isa, format, activations,
+                        {gate_up_bias, down_bias, swiglu_limit, swiglu_alpha});
 }
 
 // out [T, R] fp32 = x [T, C] @ w [R, C]^T (dense bf16 / fp32 w), blocking, GIL released; queued
@@ -300,12 +346,16 @@ void bind_moe(py::module_& m) {
       .def("seconds", &MoeHandle::seconds,
            "Wall seconds the job ran on the pool (steady_clock); -1.0 until done (never blocks).");
   m.def("submit", &submit, py::arg("x"), py::arg("token_ids"), py::arg("expert_ids"),
-        py::arg("weights"), py::arg("gate_up"), py::arg("down"), py::arg("isa") = py::none(),
-        py::arg("activations") = "fp32",
+        py::arg("weights"), py::arg("gate_up"), py::arg("down"), py::kw_only(),
+        py::arg("isa") = py::none(), py::arg("activations") = "fp32",
+        py::arg("gate_up_bias") = py::none(), py::arg("down_bias") = py::none(),
+        py::arg("swiglu_limit") = py::none(), py::arg("swiglu_alpha") = 1.702,
         "Queue the SwiGLU expert MLP for (token, expert, weight) triples; returns a MoeHandle.");
   m.def("submit_banks", &submit_banks, py::arg("x"), py::arg("token_ids"), py::arg("expert_ids"),
         py::arg("weights"), py::arg("format"), py::arg("gate_up"), py::arg("down"),
-        py::arg("isa") = py::none(), py::arg("activations") = "fp32",
+        py::kw_only(), py::arg("isa") = py::none(), py::arg("activations") = "fp32",
+        py::arg("gate_up_bias") = py::none(), py::arg("down_bias") = py::none(),
+        py::arg("swiglu_limit") = py::none(), py::arg("swiglu_alpha") = 1.702,
         "submit() for banks in any format: gate_up / down are tuples of tensors (bank_args.h).");
   m.def("linear", &linear, py::arg("x"), py::arg("w"), py::arg("isa") = py::none(),
         "Dense linear at decode sizes: x [T, C] fp32/bf16 @ w [R, C]^T (bf16 or fp32, "

@@ -14,6 +14,10 @@
 // With Activations::kQ8 the vectors are quantised to int8 blocks of 32 columns instead
 // (freetoken/q8.h): x once per call, act by the phase-1 task that computes it (I-chunks are then
 // multiples of 32). With Activations::kBf16 the packed vectors are rounded to bf16 values first.
+// gpt-oss's biases and clamped activation (moe.h) are applied in fp32 where silu(g) * u is
+// computed (gate/up biases) and to each expert's down output before its gate weight (down
+// bias), identically in both schedules; without them those code paths are not entered, so the
+// results stay bit-identical to the plain SwiGLU.
 #include "freetoken/moe.h"
 
 #include <algorithm>
@@ -39,6 +43,22 @@ struct Group {
 bool is_4bit(WeightFormat f) { return f == WeightFormat::kMxfp4 || f == WeightFormat::kQ4g; }
 
 float silu(float g) { return g / (1.0f + expf(-g)); }
+
+// gpt-oss's activation (transformers GptOssExperts._apply_gate) of one gate / up pair. The
+// comparisons let a NaN through unchanged, as torch.clamp does.
+float clamped_glu(float g, float u, float limit, float alpha) {
+  g = g > limit ? limit : g;
+  u = u > limit ? limit : (u < -limit ? -limit : u);
+  return (u + 1.0f) * (g / (1.0f + expf(-alpha * g)));
+}
+
+// y [n, nh] += bias [nh] on every row (bias null: nothing to add).
+void add_row_bias(float* y, int64_t n, int64_t nh, const float* bias) {
+  if (bias == nullptr) return;
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t h = 0; h < nh; ++h) y[i * nh + h] += bias[h];
+  }
+}
 
 // rows_dot arguments for rows [r0, r1) of expert n of bank b, whose matrices are [R, C].
 RowsDotArgs expert_rows(const WeightBank& b, int64_t n, int64_t R, int64_t C, int64_t r0,
@@ -120,6 +140,10 @@ void moe_forward(const MoeProblem& p, ThreadPool& pool) {
   if (q8 && !(is_4bit(p.gate_up.format) && is_4bit(p.down.format))) {
     throw std::invalid_argument("q8 activations need 4-bit expert banks (mxfp4 or q4g)");
   }
+  if (p.swiglu_clamp && !(p.swiglu_limit > 0.0f)) {
+    throw std::invalid_argument("swiglu_limit must be > 0, got " +
+                                std::to_string(p.swiglu_limit));
+  }
   std::fill(p.out, p.out + T * H, 0.0f);
 
   std::vector<int64_t> order;  // triple indices sorted by (expert, position)
@@ -184,7 +208,8 @@ void moe_forward(const MoeProblem& p, ThreadPool& pool) {
   const int threads = pool.size();
 
   // Gate rows [j0, j1) and up rows [I+j0, I+j1) of group gi's expert for its tokens, then
-  // act = silu(g) * u of those columns, rounded / quantised / packed as the down kernel reads it.
+  // act(g, u) of those columns (biases added first), rounded / quantised / packed as the down
+  // kernel reads it.
   // `prefetch` warms the first rows of the next call (this expert's up rows, or the next
   // expert's gate rows) while one runs. g, u, a_row: scratch.
   const auto gate_up_act = [&](size_t gi, int64_t j0, int64_t j1, bool prefetch,
@@ -212,8 +237,21 @@ void moe_forward(const MoeProblem& p, ThreadPool& pool) {
       a.out_stride = nj;
       dot_gate_up(a);
     }
+    if (p.gate_up_bias != nullptr) {
+      const float* bias = p.gate_up_bias + grp.expert * 2 * I;
+      add_row_bias(g.data(), n, nj, bias + j0);
+      add_row_bias(u.data(), n, nj, bias + I + j0);
+    }
     for (int64_t i = 0; i < n; ++i) {
-      for (int64_t j = 0; j < nj; ++j) a_row[j] = silu(g[i * nj + j]) * u[i * nj + j];
+      const float* gi = g.data() + i * nj;
+      const float* ui = u.data() + i * nj;
+      if (p.swiglu_clamp) {
+        for (int64_t j = 0; j < nj; ++j) {
+          a_row[j] = clamped_glu(gi[j], ui[j], p.swiglu_limit, p.swiglu_alpha);
+        }
+      } else {
+        for (int64_t j = 0; j < nj; ++j) a_row[j] = silu(gi[j]) * ui[j];
+      }
       if (bf16_act) round_to_bf16(a_row.data(), nj);
       if (q8) {
         act_q.quantize(grp.begin + i, a_row.data(), j0, j1);
@@ -248,6 +286,9 @@ void moe_forward(const MoeProblem& p, ThreadPool& pool) {
         dot_down(d);
       } else {
         std::fill(y_all.begin() + grp.begin * H, y_all.begin() + grp.end * H, 0.0f);
+      }
+      if (p.down_bias != nullptr) {
+        add_row_bias(y_all.data() + grp.begin * H, n, H, p.down_bias + grp.expert * H);
       }
     });
     for (int64_t s = 0; s < P; ++s) {
@@ -296,6 +337,9 @@ void moe_forward(const MoeProblem& p, ThreadPool& pool) {
         dot_down(a);
       } else {
         std::fill(y.begin(), y.end(), 0.0f);
+      }
+      if (p.down_bias != nullptr) {
+        add_row_bias(y.data(), n, nh, p.down_bias + grp.expert * H + h0);
       }
       for (int64_t i = 0; i < n; ++i) {
         const int64_t triple = order[grp.begin + i];

@@ -2,8 +2,12 @@
 //
 // Shape letters: T tokens, H hidden, I expert intermediate, N flat expert ids (l * E + e),
 // P (token, expert, weight) triples.
-//   out[t] = sum over triples (t, n, w) of  w * down[n] @ (silu(gate[n] @ x[t]) * (up[n] @ x[t]))
-// with gate[n] = gate_up[n, 0:I], up[n] = gate_up[n, I:2I] (transformers v5 fused layout).
+//   out[t] = sum over triples (t, n, w) of  w * (down[n] @ act(g, u) + b_down[n])
+//   g = gate[n] @ x[t] + b_gate[n],  u = up[n] @ x[t] + b_up[n]
+// with gate[n] = gate_up[n, 0:I], up[n] = gate_up[n, I:2I] (transformers v5 fused layout) and
+// act(g, u) = silu(g) * u (Qwen3 / OLMoE), or, with MoeProblem::swiglu_clamp, gpt-oss's
+// (transformers GptOssExperts) act = (u' + 1) * g' * sigmoid(alpha * g'), g' = min(g, limit),
+// u' = clamp(u, -limit, limit). The biases are optional (zero when absent).
 // The banks may hold bf16, fp32 or 4-bit (mxfp4, q4g) weights (see WeightBank).
 #pragma once
 
@@ -50,13 +54,22 @@ struct MoeProblem {
   // (both banks mxfp4 or q4g, else moe_forward throws std::invalid_argument); kBf16 rounded to
   // bf16 values (round to nearest even) with fp32 sums.
   Activations activations = Activations::kFp32;
+  // gpt-oss experts (gate rows first, as above: a gpt-oss checkpoint's interleaved rows are
+  // reordered at load). All added and clamped in fp32, whatever the activations; the defaults
+  // (no biases, no clamp) compute silu(g) * u bit for bit as without these fields.
+  const float* gate_up_bias = nullptr;  // [N, 2I] fp32: gate biases [0:I], up biases [I:2I]
+  const float* down_bias = nullptr;     // [N, H] fp32, added before the gate weight
+  bool swiglu_clamp = false;            // gpt-oss act (above) instead of silu(g) * u
+  float swiglu_limit = 0.0f;            // > 0 (inf: no clamp) when swiglu_clamp
+  float swiglu_alpha = 1.702f;
 };
 
 // Checks ids against T and N; throws std::invalid_argument with the offending position.
 void validate_routing(const MoeProblem& p);
 
 // Computes p.out on the pool; blocks until done. Results do not depend on the thread count.
-// Throws std::invalid_argument for q8 activations with a dense bank.
+// Throws std::invalid_argument for q8 activations with a dense bank, or for swiglu_clamp with
+// a swiglu_limit that is not > 0 (NaN included).
 void moe_forward(const MoeProblem& p, ThreadPool& pool);
 
 // What submit() hands back: `done` becomes ready (or holds the exception) when the problem's out

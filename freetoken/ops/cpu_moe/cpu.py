@@ -19,9 +19,20 @@ per block of 32 columns and sums each block's products exactly in integers: fast
 rounds those activations to bf16 (nearest even) and sums the exact products in fp32 (``vdpbf16ps``
 on ``avx512_bf16``), within :data:`freetoken.ops.cpu_moe.BF16_TOLERANCE` of the fp32 result
 (reference: ``cpu_moe_reference(..., activations="bf16")``).
+
+gpt-oss experts (every entry point, keyword-only; transformers ``GptOssExperts`` with its
+interleaved gate/up rows reordered to gate rows first at load): ``gate_up_bias [N, 2I]`` and
+``down_bias [N, H]`` (fp32) are added to ``g`` / ``u`` and to the expert's down output,
+``out[t] += w * (down @ act + down_bias[n])``; ``swiglu_limit`` switches the activation from
+``silu(g) * u`` to ``(u' + 1) * g' * sigmoid(swiglu_alpha * g')`` with ``g' = min(g, limit)``,
+``u' = clamp(u, -limit, limit)``. Both are applied in fp32 in every format, activation mode and
+ISA variant (with ``"bf16"`` / ``"q8"`` the activation is computed in fp32 and then rounded /
+quantised as usual). Without them the results are bit-identical to the plain SwiGLU kernel.
 """
 
 from __future__ import annotations
+
+import numbers
 
 import torch
 
@@ -29,6 +40,28 @@ from freetoken.ops.cpu_moe import _ext
 from freetoken.ops.cpu_moe.formats import ExpertBankView
 
 CpuMoeHandle = _ext.MoeHandle
+GPT_OSS_SWIGLU_ALPHA = 1.702  # transformers GptOssConfig.swiglu_alpha
+
+
+def _glu_kwargs(gate_up_bias: torch.Tensor | None, down_bias: torch.Tensor | None,
+                swiglu_limit: float | None, swiglu_alpha: float) -> dict:
+    """The gpt-oss keyword arguments of ``_ext.submit*`` with the scalars type-checked here (the
+    extension checks the bias tensors and the scalars' values).
+
+    Raises:
+        TypeError: ``swiglu_limit`` is neither None nor a real number, or ``swiglu_alpha`` is
+            not a real number (bools are refused: ``True`` is no limit anyone means).
+    """
+    def real(v: object) -> bool:
+        return isinstance(v, numbers.Real) and not isinstance(v, bool)
+
+    if swiglu_limit is not None and not real(swiglu_limit):
+        raise TypeError(f"swiglu_limit must be a float or None, got {type(swiglu_limit).__name__}")
+    if not real(swiglu_alpha):
+        raise TypeError(f"swiglu_alpha must be a float, got {type(swiglu_alpha).__name__}")
+    return dict(gate_up_bias=gate_up_bias, down_bias=down_bias,
+                swiglu_limit=None if swiglu_limit is None else float(swiglu_limit),
+                swiglu_alpha=float(swiglu_alpha))
 
 
 def submit(
@@ -41,6 +74,10 @@ def submit(
     *,
     isa: str | None = None,
     activations: str = "fp32",
+    gate_up_bias: torch.Tensor | None = None,
+    down_bias: torch.Tensor | None = None,
+    swiglu_limit: float | None = None,
+    swiglu_alpha: float = GPT_OSS_SWIGLU_ALPHA,
 ) -> CpuMoeHandle:
     """Queue the SwiGLU expert MLP on the kernel's thread pool and return at once.
 
@@ -48,9 +85,9 @@ def submit(
     ``FREETOKEN_CPU_MOE_THREADS``) without the GIL, so the caller can launch device work and then
     call ``handle.wait()`` (a job that has not started by then, and is next in line, runs on the
     waiting thread and the pool's workers instead of being handed to the dispatcher thread).
-    Submissions run one after another in submission order. The handle keeps ``x``, ``gate_up``
-    and ``down`` alive until the work is done; the caller must not write them before ``wait()``
-    returns (routing tensors are copied at submit).
+    Submissions run one after another in submission order. The handle keeps ``x``, ``gate_up``,
+    ``down`` and the biases alive until the work is done; the caller must not write them before
+    ``wait()`` returns (routing tensors are copied at submit).
 
     Args:
         x: ``[T, H]`` fp32 or bf16 hidden states, contiguous, CPU.
@@ -64,6 +101,15 @@ def submit(
             (:func:`supported_isas`).
         activations: ``"fp32"``; ``"bf16"`` with bf16 banks; ``"q8"`` needs 4-bit banks
             (:func:`submit_banks`), so it is always refused here (ValueError).
+        gate_up_bias: ``[N, 2I]`` fp32 contiguous CPU biases (gate ``[:, 0:I]``, up
+            ``[:, I:2I]``) added to ``g`` and ``u`` before the activation, or None (zero).
+        down_bias: ``[N, H]`` fp32 contiguous CPU biases added to each expert's down output
+            before its gate weight, ``out[t] += w * (down @ act + down_bias[n])``, or None.
+        swiglu_limit: None for ``silu(g) * u`` (Qwen3 / OLMoE); a number ``> 0`` for gpt-oss's
+            ``(u' + 1) * g' * sigmoid(swiglu_alpha * g')``, ``g' = min(g, swiglu_limit)``,
+            ``u' = clamp(u, -swiglu_limit, swiglu_limit)`` (``inf``: no clamp).
+        swiglu_alpha: gpt-oss's sigmoid slope (default 1.702); finite; only with
+            ``swiglu_limit`` (another value without it is a ValueError, it would be ignored).
 
     Returns:
         A handle whose ``wait()`` returns ``[T, H]`` fp32 gate-weighted partial sums, whose
@@ -71,15 +117,22 @@ def submit(
         the pool's wall time for the job (``-1.0`` until done).
 
     Raises:
-        TypeError: an argument is not a torch.Tensor or has the wrong dtype.
+        TypeError: an argument is not a torch.Tensor or has the wrong dtype (a bias: ``down_bias
+            must be float32, got bfloat16``); ``swiglu_limit`` / ``swiglu_alpha`` not a real
+            number.
         ValueError: wrong device, rank, shape agreement or contiguity; ``gate_up`` and ``down``
             of different dtypes; an id out of range; an unknown or unsupported ``isa``; an unknown
             ``activations`` (``unknown activations 'x'; expected one of: fp32, q8, bf16``),
             ``"q8"`` (``activations='q8' needs 4-bit expert banks (mxfp4 or q4g), got bf16``) or
-            ``"bf16"`` with fp32 banks (``activations='bf16' needs bf16 expert banks, got fp32``).
+            ``"bf16"`` with fp32 banks (``activations='bf16' needs bf16 expert banks, got fp32``);
+            a bias that is not contiguous, not on the CPU, or not of shape ``[N, 2I]`` /
+            ``[N, H]`` (``gate_up_bias [4, 63] does not match the expert banks: expected
+            [N, 2I] = [4, 64]``); ``swiglu_limit`` not ``> 0`` (NaN included);
+            ``swiglu_alpha`` not finite, or not 1.702 with ``swiglu_limit=None``.
     """
     return _ext.submit(x, token_ids, expert_ids, weights, gate_up, down, isa=isa,
-                       activations=activations)
+                       activations=activations,
+                       **_glu_kwargs(gate_up_bias, down_bias, swiglu_limit, swiglu_alpha))
 
 
 def submit_banks(
@@ -91,6 +144,10 @@ def submit_banks(
     *,
     isa: str | None = None,
     activations: str = "fp32",
+    gate_up_bias: torch.Tensor | None = None,
+    down_bias: torch.Tensor | None = None,
+    swiglu_limit: float | None = None,
+    swiglu_alpha: float = GPT_OSS_SWIGLU_ALPHA,
 ) -> CpuMoeHandle:
     """:func:`submit` for banks in any weight format (bf16, fp32, mxfp4, q4g).
 
@@ -98,7 +155,10 @@ def submit_banks(
     of a matrix). Arguments other than ``banks`` and the result are as in :func:`submit`; the
     handle keeps every bank tensor alive until the work is done. ``activations="q8"`` (mxfp4 and
     q4g only; see the module doc) quantises the activations to int8 blocks of 32 columns;
-    ``"bf16"`` (bf16 banks only) rounds them to bf16.
+    ``"bf16"`` (bf16 banks only) rounds them to bf16. ``gate_up_bias``, ``down_bias``,
+    ``swiglu_limit`` and ``swiglu_alpha`` (gpt-oss experts) are as in :func:`submit`, with N, H
+    and I those of ``banks``; a 4-bit gpt-oss checkpoint's rows must be reordered (gate rows
+    first) in the codes and the scales alike.
 
     Raises:
         TypeError: a non-tensor, or a bank tensor of the wrong dtype for ``banks.format``.
@@ -106,12 +166,14 @@ def submit_banks(
             scale / zero-point shapes that do not match the codes (messages name the tensor,
             e.g. ``down_scales``); ``activations`` other than ``"fp32"`` / ``"q8"`` / ``"bf16"``,
             ``"q8"`` with bf16 / fp32 banks (``activations='q8' needs 4-bit expert banks (mxfp4
-            or q4g), got fp32``), or ``"bf16"`` with other than bf16 banks.
+            or q4g), got fp32``), or ``"bf16"`` with other than bf16 banks; the bias and
+            ``swiglu_*`` errors of :func:`submit` (TypeError / ValueError alike).
     """
     if not isinstance(banks, ExpertBankView):
         raise TypeError(f"banks must be an ExpertBankView, got {type(banks).__name__}")
     return _ext.submit_banks(x, token_ids, expert_ids, weights, banks.format, banks.gate_up,
-                             banks.down, isa=isa, activations=activations)
+                             banks.down, isa=isa, activations=activations,
+                             **_glu_kwargs(gate_up_bias, down_bias, swiglu_limit, swiglu_alpha))
 
 
 def cpu_moe_banks(
@@ -123,10 +185,16 @@ def cpu_moe_banks(
     *,
     isa: str | None = None,
     activations: str = "fp32",
+    gate_up_bias: torch.Tensor | None = None,
+    down_bias: torch.Tensor | None = None,
+    swiglu_limit: float | None = None,
+    swiglu_alpha: float = GPT_OSS_SWIGLU_ALPHA,
 ) -> torch.Tensor:
     """``submit_banks(...).wait()``: the blocking form; same arguments, result and errors."""
     return submit_banks(x, token_ids, expert_ids, weights, banks, isa=isa,
-                        activations=activations).wait()
+                        activations=activations, gate_up_bias=gate_up_bias,
+                        down_bias=down_bias, swiglu_limit=swiglu_limit,
+                        swiglu_alpha=swiglu_alpha).wait()
 
 
 def cpu_moe(
@@ -139,10 +207,15 @@ def cpu_moe(
     *,
     isa: str | None = None,
     activations: str = "fp32",
+    gate_up_bias: torch.Tensor | None = None,
+    down_bias: torch.Tensor | None = None,
+    swiglu_limit: float | None = None,
+    swiglu_alpha: float = GPT_OSS_SWIGLU_ALPHA,
 ) -> torch.Tensor:
     """``submit(...).wait()``: the blocking form; same arguments, result and errors."""
     return submit(x, token_ids, expert_ids, weights, gate_up, down, isa=isa,
-                  activations=activations).wait()
+                  activations=activations, gate_up_bias=gate_up_bias, down_bias=down_bias,
+                  swiglu_limit=swiglu_limit, swiglu_alpha=swiglu_alpha).wait()
 
 
 def quantize_q8(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

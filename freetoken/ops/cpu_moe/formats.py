@@ -14,10 +14,10 @@ q4g       ``(packed [N, R, C/2] uint8, scales [N, R, C/G] float16[, zeros [N, R,
 ========  ===============================================================================
 
 The 4-bit encodings are described in :mod:`freetoken.ops.cpu_moe.quant`. Note for gpt-oss
-checkpoints: their ``gate_up_proj`` rows interleave gate (even) and up (odd) and their activation
-differs (clamp, ``alpha``, biases); this kernel computes the Qwen3/OLMoE SwiGLU with gate rows
-first, so an engine feeding gpt-oss blocks must reorder rows (``[0::2]`` then ``[1::2]`` of both
-blocks and scales) and handle the activation differences itself.
+checkpoints: their ``gate_up_proj`` rows interleave gate (even) and up (odd), while these banks
+keep gate rows first, so an engine feeding gpt-oss blocks must reorder rows (``[0::2]`` then
+``[1::2]`` of both blocks and scales, and of ``gate_up_proj_bias``); the biases and the clamped
+activation are keywords of the kernel (:mod:`freetoken.ops.cpu_moe.cpu`).
 """
 
 from __future__ import annotations

@@ -5,6 +5,12 @@ P (token, expert, weight) triples. Source: the SwiGLU expert MLP of transformers
 ``Qwen3MoeExperts`` / ``OlmoeExperts`` (fused ``gate_up_proj [E, 2I, H]``, ``down_proj [E, H, I]``):
 ``y = down @ (silu(gate @ x) * (up @ x))`` with gate rows ``[0:I]`` and up rows ``[I:2I]``,
 weighted by the router's top-k weight and summed per token.
+
+gpt-oss experts (transformers v5 ``GptOssExperts``, its interleaved gate/up columns taken apart
+so that gate rows come first): optional biases ``g = gate @ x + b_gate``, ``u = up @ x + b_up``,
+``y = down @ act + b_down``, and with ``swiglu_limit`` the clamped activation
+``act = (u' + 1) * g' * sigmoid(alpha * g')``, ``g' = min(g, limit)``,
+``u' = clamp(u, -limit, limit)`` (:func:`expert_activation`).
 """
 
 from __future__ import annotations
@@ -13,6 +19,20 @@ import torch
 import torch.nn.functional as F
 
 from freetoken.ops.cpu_moe.formats import ExpertBankView
+
+
+def expert_activation(gu: torch.Tensor, swiglu_limit: float | None = None,
+                      swiglu_alpha: float = 1.702) -> torch.Tensor:
+    """The expert activation of ``gu [n, 2I]`` (gate ``[:, :I]``, up ``[:, I:]``, biases already
+    added): ``silu(g) * u`` without ``swiglu_limit``, else gpt-oss's clamped SwiGLU (as
+    transformers ``GptOssExperts._apply_gate``). Returns ``[n, I]`` in ``gu``'s dtype."""
+    i = gu.shape[-1] // 2
+    g, u = gu[..., :i], gu[..., i:]
+    if swiglu_limit is None:
+        return F.silu(g) * u
+    g = g.clamp(max=swiglu_limit)
+    u = u.clamp(min=-swiglu_limit, max=swiglu_limit)
+    return (u + 1) * (g * torch.sigmoid(g * swiglu_alpha))
 
 
 def cpu_moe_reference(
@@ -24,6 +44,10 @@ def cpu_moe_reference(
     down: torch.Tensor,
     *,
     activations: str = "fp32",
+    gate_up_bias: torch.Tensor | None = None,
+    down_bias: torch.Tensor | None = None,
+    swiglu_limit: float | None = None,
+    swiglu_alpha: float = 1.702,
 ) -> torch.Tensor:
     """Gate-weighted SwiGLU expert outputs summed per token, in fp32, looping over experts.
 
@@ -35,7 +59,12 @@ def cpu_moe_reference(
         gate_up: ``[N, 2I, H]`` expert bank, rows ``[0:I]`` gate and ``[I:2I]`` up.
         down: ``[N, H, I]`` expert bank.
         activations: ``"fp32"``, or ``"bf16"``: the kernel's ``activations="bf16"`` contract,
-            ``x`` and ``silu(g) * u`` rounded to bf16 (nearest even) before each matrix.
+            ``x`` and the activation rounded to bf16 (nearest even) before each matrix.
+        gate_up_bias: ``[N, 2I]`` biases of ``g`` (``[:, :I]``) and ``u`` (``[:, I:]``), added
+            in fp32 before the activation, or None.
+        down_bias: ``[N, H]`` biases added in fp32 to each expert's down output before the
+            gate weight, or None.
+        swiglu_limit, swiglu_alpha: the activation (:func:`expert_activation`); None: SiLU.
 
     Returns:
         ``[T, H]`` fp32 partial sums (zeros for tokens no triple names).
@@ -50,15 +79,18 @@ def cpu_moe_reference(
         return v.bfloat16().float() if activations == "bf16" else v
 
     t, h = x.shape
-    i = down.shape[2]
     out = torch.zeros(t, h, dtype=torch.float32)
     xf = entering(x.float())
     for e in torch.unique(expert_ids[expert_ids >= 0]).tolist():
         sel = (expert_ids == e).nonzero().flatten()  # [n]
         tok = token_ids[sel]  # [n]
         gu = xf[tok] @ gate_up[e].float().t()  # [n, 2I]
-        act = entering(F.silu(gu[:, :i]) * gu[:, i:])  # [n, I]
+        if gate_up_bias is not None:
+            gu = gu + gate_up_bias[e].float()
+        act = entering(expert_activation(gu, swiglu_limit, swiglu_alpha))  # [n, I]
         y = act @ down[e].float().t()  # [n, H]
+        if down_bias is not None:
+            y = y + down_bias[e].float()
         out.index_add_(0, tok, y * weights[sel].float()[:, None])
     return out
 
@@ -71,6 +103,10 @@ def cpu_moe_reference_banks(
     banks: ExpertBankView,
     *,
     activations: str = "fp32",
+    gate_up_bias: torch.Tensor | None = None,
+    down_bias: torch.Tensor | None = None,
+    swiglu_limit: float | None = None,
+    swiglu_alpha: float = 1.702,
 ) -> torch.Tensor:
     """:func:`cpu_moe_reference` on ``banks`` dequantised to fp32 (exactly; any format).
 
@@ -79,7 +115,9 @@ def cpu_moe_reference_banks(
     """
     gate_up, down = banks.dequantize()
     return cpu_moe_reference(x, token_ids, expert_ids, weights, gate_up, down,
-                             activations=activations)
+                             activations=activations, gate_up_bias=gate_up_bias,
+                             down_bias=down_bias, swiglu_limit=swiglu_limit,
+                             swiglu_alpha=swiglu_alpha)
 
 
 def relative_rms_error(ref: torch.Tensor, out: torch.Tensor) -> float:

@@ -14,10 +14,10 @@ weight row is then an exact integer sum of the weight integers (mxfp4: ``2 * e2m
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from freetoken.ops.cpu_moe.formats import ExpertBankView
 from freetoken.ops.cpu_moe.quant import _e8m0_to_f32, _unpack_nibbles
+from freetoken.ops.cpu_moe.reference import expert_activation
 
 Q8_BLOCK = 32
 # 2 * e2m1(code) for the 16 mxfp4 codes (bit 3 = sign).
@@ -97,9 +97,15 @@ def cpu_moe_reference_q8(
     expert_ids: torch.Tensor,
     weights: torch.Tensor,
     banks: ExpertBankView,
+    *,
+    gate_up_bias: torch.Tensor | None = None,
+    down_bias: torch.Tensor | None = None,
+    swiglu_limit: float | None = None,
+    swiglu_alpha: float = 1.702,
 ) -> torch.Tensor:
     """The kernel's ``activations="q8"`` math in torch: gate-weighted SwiGLU expert outputs with
-    both matrices' inputs quantised by :func:`quantize_q8_blocks`.
+    both matrices' inputs quantised by :func:`quantize_q8_blocks`; the gpt-oss biases and
+    activation are applied in fp32 around the quantised matrices, as in the kernel.
 
     Args:
         x: ``[T, H]`` hidden states (any float dtype; upcast to fp32).
@@ -107,6 +113,9 @@ def cpu_moe_reference_q8(
         expert_ids: ``[P]`` int64 flat expert id of each triple, in ``[0, N)``; ``-1`` skips it.
         weights: ``[P]`` gate (top-k) weight of each triple.
         banks: 4-bit banks (``mxfp4`` or ``q4g``).
+        gate_up_bias, down_bias, swiglu_limit, swiglu_alpha: the gpt-oss options of
+            :func:`freetoken.ops.cpu_moe.reference.cpu_moe_reference` (``[N, 2I]``, ``[N, H]``
+            fp32 or None; None / a limit ``> 0``; the sigmoid slope).
 
     Returns:
         ``[T, H]`` fp32 partial sums (zeros for tokens no triple names).
@@ -118,7 +127,6 @@ def cpu_moe_reference_q8(
         raise ValueError(f"q8 activations need 4-bit expert banks (mxfp4 or q4g), got "
                          f"{banks.format}")
     t, h = x.shape
-    i = banks.intermediate
     xq, xd = quantize_q8_blocks(x.float())
     out = torch.zeros(t, h, dtype=torch.float32)
     for e in torch.unique(expert_ids[expert_ids >= 0]).tolist():
@@ -127,10 +135,14 @@ def cpu_moe_reference_q8(
         gu_int, gu_scale, gu_group = _integer_weights(
             banks.format, tuple(t_[e:e + 1] for t_ in banks.gate_up))
         gu = _q8_matmul(xq[tok], xd[tok], gu_int[0], gu_scale[0], gu_group)  # [n, 2I]
-        act = F.silu(gu[:, :i]) * gu[:, i:]  # [n, I]
+        if gate_up_bias is not None:
+            gu = gu + gate_up_bias[e].float()
+        act = expert_activation(gu, swiglu_limit, swiglu_alpha)  # [n, I]
         aq, ad = quantize_q8_blocks(act)
         dn_int, dn_scale, dn_group = _integer_weights(
             banks.format, tuple(t_[e:e + 1] for t_ in banks.down))
         y = _q8_matmul(aq, ad, dn_int[0], dn_scale[0], dn_group)  # [n, H]
+        if down_bias is not None:
+            y = y + down_bias[e].float()
         out.index_add_(0, tok, y * weights[sel].float()[:, None])
     return out

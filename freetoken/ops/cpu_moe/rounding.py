@@ -14,7 +14,10 @@ alternatives that best explains it before measuring it, so the accumulation boun
 An element is ambiguous when its distance to the nearest rounding boundary is at most
 ``margin = 2^-20 * (|silu'(g)| |u| A_g + |silu(g)| A_u) + 2^-21 |act|``, where ``A_g``, ``A_u``
 are the absolute sums ``sum_k |W[j, k]| |x_k|`` (the scale of fp32 summation error, 16x its
-typical size) and the last term covers ``expf`` and the product's own rounding.
+typical size) and the last term covers ``expf`` and the product's own rounding. With gpt-oss's
+clamped activation (``swiglu_limit``) the two derivatives are those of ``(u' + 1) * glu(g')``,
+taken at the clamped values (the clamp only flattens the activation, so the one-sided derivative
+bounds a change across the limit), and a bias adds its magnitude to ``A`` (its fp32 addition).
 """
 
 from __future__ import annotations
@@ -53,22 +56,33 @@ class RoundingCandidates:
                                   torch.cat([p.effect for p in parts]))
 
 
-def act_margin(gu: torch.Tensor, gu_abs: torch.Tensor) -> torch.Tensor:
-    """Per-element bound on the fp32 difference of ``silu(g) * u`` between two summation orders.
+def act_margin(gu: torch.Tensor, gu_abs: torch.Tensor, swiglu_limit: float | None = None,
+               swiglu_alpha: float = 1.702) -> torch.Tensor:
+    """Per-element bound on the fp32 difference of the activation between two summation orders.
 
     Args:
-        gu: ``[n, 2I]`` fp32 gate/up dot products (gate ``[:, :I]``, up ``[:, I:]``).
-        gu_abs: ``[n, 2I]`` absolute sums ``|W| @ |x|`` of the same rows.
+        gu: ``[n, 2I]`` fp32 gate/up values (gate ``[:, :I]``, up ``[:, I:]``, biases added).
+        gu_abs: ``[n, 2I]`` absolute sums ``|W| @ |x|`` of the same rows (plus ``|bias|``).
+        swiglu_limit, swiglu_alpha: the activation (``reference.expert_activation``).
 
     Returns:
         ``[n, I]`` fp32 margins.
     """
     i = gu.shape[1] // 2
     g, u = gu[:, :i].double(), gu[:, i:].double()
-    sig = torch.sigmoid(g)
-    dsilu = sig * (1 + g * (1 - sig))
-    act = F.silu(g) * u
-    return (SUM_EPS * (dsilu.abs() * u.abs() * gu_abs[:, :i] + F.silu(g).abs() * gu_abs[:, i:])
+    if swiglu_limit is None:
+        sig = torch.sigmoid(g)
+        d_g = sig * (1 + g * (1 - sig)) * u  # d act / d g
+        d_u = F.silu(g)  # d act / d u
+        act = F.silu(g) * u
+    else:
+        g = g.clamp(max=swiglu_limit)
+        u = u.clamp(min=-swiglu_limit, max=swiglu_limit)
+        sig = torch.sigmoid(swiglu_alpha * g)
+        d_g = sig * (1 + swiglu_alpha * g * (1 - sig)) * (u + 1)
+        d_u = g * sig
+        act = (u + 1) * d_u
+    return (SUM_EPS * (d_g.abs() * gu_abs[:, :i] + d_u.abs() * gu_abs[:, i:])
             + ELEMENT_EPS * act.abs()).float()
 
 
@@ -150,28 +164,48 @@ def _experts(expert_ids: torch.Tensor):
         yield e, (expert_ids == e).nonzero().flatten()
 
 
+def _with_bias(gu: torch.Tensor, gu_abs: torch.Tensor, gate_up_bias: torch.Tensor | None,
+               e: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``gu`` and its absolute sums with expert ``e``'s gate/up bias added (None: unchanged)."""
+    if gate_up_bias is None:
+        return gu, gu_abs
+    b = gate_up_bias[e].float()
+    return gu + b, gu_abs + b.abs().double()
+
+
 def bf16_rounding_candidates(x: torch.Tensor, token_ids: torch.Tensor, expert_ids: torch.Tensor,
                              weights: torch.Tensor, gate_up: torch.Tensor,
-                             down: torch.Tensor) -> RoundingCandidates:
+                             down: torch.Tensor, *, gate_up_bias: torch.Tensor | None = None,
+                             swiglu_limit: float | None = None,
+                             swiglu_alpha: float = 1.702) -> RoundingCandidates:
     """The ambiguous activations of ``cpu_moe_reference(..., activations="bf16")`` (same
-    arguments: ``x [T, H]``, triples ``[P]``, banks ``[N, 2I, H]`` / ``[N, H, I]``)."""
-    i, h = down.shape[2], x.shape[1]
+    arguments: ``x [T, H]``, triples ``[P]``, banks ``[N, 2I, H]`` / ``[N, H, I]``, the gpt-oss
+    options; the down bias, added after the rounding, plays no part)."""
+    from freetoken.ops.cpu_moe.reference import expert_activation
+
+    h = x.shape[1]
     xb = x.float().bfloat16().float()
     parts = []
     for e, sel in _experts(expert_ids):
         tok = token_ids[sel]
         w_gu = gate_up[e].float()
-        gu = xb[tok] @ w_gu.t()
-        gu_abs = xb[tok].abs().double() @ w_gu.abs().double().t()
-        act = F.silu(gu[:, :i]) * gu[:, i:]
-        ambiguous, step = bf16_alternatives(act, act_margin(gu, gu_abs))
+        gu, gu_abs = _with_bias(xb[tok] @ w_gu.t(),
+                                xb[tok].abs().double() @ w_gu.abs().double().t(), gate_up_bias, e)
+        act = expert_activation(gu, swiglu_limit, swiglu_alpha)
+        margin = act_margin(gu, gu_abs, swiglu_limit, swiglu_alpha)
+        ambiguous, step = bf16_alternatives(act, margin)
         parts.append(candidates_for(tok, weights[sel].float(), ambiguous, step, down[e].float()))
     return RoundingCandidates.concat(parts, h)
 
 
 def q8_rounding_candidates(x: torch.Tensor, token_ids: torch.Tensor, expert_ids: torch.Tensor,
-                           weights: torch.Tensor, banks) -> RoundingCandidates:  # noqa: ANN001
-    """The ambiguous activations of ``cpu_moe_reference_q8`` (same arguments; 4-bit ``banks``)."""
+                           weights: torch.Tensor, banks,  # noqa: ANN001
+                           *, gate_up_bias: torch.Tensor | None = None,
+                           swiglu_limit: float | None = None,
+                           swiglu_alpha: float = 1.702) -> RoundingCandidates:
+    """The ambiguous activations of ``cpu_moe_reference_q8`` (same arguments; 4-bit ``banks``;
+    the down bias, added after the quantised matrix, plays no part)."""
+    from freetoken.ops.cpu_moe.reference import expert_activation
     from freetoken.ops.cpu_moe.reference_q8 import (
         Q8_BLOCK,
         _integer_weights,
@@ -179,7 +213,7 @@ def q8_rounding_candidates(x: torch.Tensor, token_ids: torch.Tensor, expert_ids:
         quantize_q8_blocks,
     )
 
-    i, h = banks.intermediate, x.shape[1]
+    h = x.shape[1]
     xq, xd = quantize_q8_blocks(x.float())
     xdeq = xq.float() * xd.repeat_interleave(Q8_BLOCK, dim=-1)
 
@@ -192,34 +226,45 @@ def q8_rounding_candidates(x: torch.Tensor, token_ids: torch.Tensor, expert_ids:
     for e, sel in _experts(expert_ids):
         tok = token_ids[sel]
         gu_int, gu_scale, gu_group, gu_dense = expert(banks.gate_up, e)
-        gu = _q8_matmul(xq[tok], xd[tok], gu_int, gu_scale, gu_group)  # [n, 2I]
-        gu_abs = xdeq[tok].abs().double() @ gu_dense.abs().t()
-        act = F.silu(gu[:, :i]) * gu[:, i:]
+        gu, gu_abs = _with_bias(_q8_matmul(xq[tok], xd[tok], gu_int, gu_scale, gu_group),
+                                xdeq[tok].abs().double() @ gu_dense.abs().t(), gate_up_bias, e)
+        act = expert_activation(gu, swiglu_limit, swiglu_alpha)  # [n, I]
         _, ad = quantize_q8_blocks(act)
-        ambiguous, step = q8_alternatives(act, act_margin(gu, gu_abs), ad, Q8_BLOCK)
+        margin = act_margin(gu, gu_abs, swiglu_limit, swiglu_alpha)
+        ambiguous, step = q8_alternatives(act, margin, ad, Q8_BLOCK)
         down = expert(banks.down, e)[3].float()
         parts.append(candidates_for(tok, weights[sel].float(), ambiguous, step, down))
     return RoundingCandidates.concat(parts, h)
 
 
 def q8_accumulation_error(out: torch.Tensor, x: torch.Tensor, token_ids: torch.Tensor,
-                          expert_ids: torch.Tensor, weights: torch.Tensor, banks) -> float:  # noqa: ANN001
+                          expert_ids: torch.Tensor, weights: torch.Tensor, banks,  # noqa: ANN001
+                          **glu: object) -> float:
     """The kernel's ``activations="q8"`` output ``out [T, H]`` against ``cpu_moe_reference_q8``,
-    up to rounding ambiguity: the error that ``Q8_ACCUMULATION_TOLERANCE`` bounds."""
+    up to rounding ambiguity: the error that ``Q8_ACCUMULATION_TOLERANCE`` bounds. ``glu``: the
+    gpt-oss keywords (``gate_up_bias``, ``down_bias``, ``swiglu_limit``, ``swiglu_alpha``)."""
     from freetoken.ops.cpu_moe.reference_q8 import cpu_moe_reference_q8
 
-    ref = cpu_moe_reference_q8(x, token_ids, expert_ids, weights, banks)
-    cands = q8_rounding_candidates(x, token_ids, expert_ids, weights, banks)
+    ref = cpu_moe_reference_q8(x, token_ids, expert_ids, weights, banks, **glu)
+    cands = q8_rounding_candidates(x, token_ids, expert_ids, weights, banks,
+                                   **_without_down_bias(glu))
     return relative_rms_error_up_to_rounding(ref, out, cands)
 
 
 def bf16_accumulation_error(out: torch.Tensor, x: torch.Tensor, token_ids: torch.Tensor,
                             expert_ids: torch.Tensor, weights: torch.Tensor,
-                            gate_up: torch.Tensor, down: torch.Tensor) -> float:
+                            gate_up: torch.Tensor, down: torch.Tensor, **glu: object) -> float:
     """The kernel's ``activations="bf16"`` output ``out [T, H]`` against ``cpu_moe_reference(...,
-    activations="bf16")``, up to rounding ambiguity: what ``BF16_ACCUMULATION_TOLERANCE`` bounds."""
+    activations="bf16")``, up to rounding ambiguity: what ``BF16_ACCUMULATION_TOLERANCE`` bounds.
+    ``glu``: the gpt-oss keywords, as in :func:`q8_accumulation_error`."""
     from freetoken.ops.cpu_moe.reference import cpu_moe_reference
 
-    ref = cpu_moe_reference(x, token_ids, expert_ids, weights, gate_up, down, activations="bf16")
-    cands = bf16_rounding_candidates(x, token_ids, expert_ids, weights, gate_up, down)
+    ref = cpu_moe_reference(x, token_ids, expert_ids, weights, gate_up, down, activations="bf16",
+                            **glu)
+    cands = bf16_rounding_candidates(x, token_ids, expert_ids, weights, gate_up, down,
+                                     **_without_down_bias(glu))
     return relative_rms_error_up_to_rounding(ref, out, cands)
+
+
+def _without_down_bias(glu: dict) -> dict:
+    return {k: v for k, v in glu.items() if k != "down_bias"}
