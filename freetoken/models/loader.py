@@ -94,6 +94,9 @@ class Checkpoint:
             stores after its last decoder layer), or None.
         oss_experts: map gpt-oss expert tensors to their per-expert canonical names (see the
             module docstring) instead of the Qwen fused layout.
+        raw_mxfp4: with ``oss_experts``, give MXFP4 experts as their codes and scales
+            (``{e}.gate_up_proj_blocks [2I, H/32, 16]``, ``{e}.gate_up_proj_scales [2I, H/32]``,
+            uint8, likewise ``down_proj``) for MXFP4 host banks, not dequantised.
 
     Attributes:
         path: the checkpoint directory.
@@ -108,10 +111,11 @@ class Checkpoint:
     """
 
     def __init__(self, path: str | Path, fused_experts: bool = True,
-                 mtp_from_layer: int | None = None, oss_experts: bool = False) -> None:
+                 mtp_from_layer: int | None = None, oss_experts: bool = False,
+                 raw_mxfp4: bool = False) -> None:
         self.path = Path(path)
         self._mtp_from = mtp_from_layer
-        self._oss = oss_experts
+        self._oss, self._raw_mxfp4 = oss_experts, raw_mxfp4
         index = self.path / INDEX_FILE
         single = self.path / SINGLE_FILE
         if index.is_file():
@@ -121,6 +125,7 @@ class Checkpoint:
                 stored = {name: single for name in f.keys()}
         else:
             raise FileNotFoundError(f"no {SINGLE_FILE} or {INDEX_FILE} in {self.path}")
+        self._stored_files = stored
         self.files: dict[str, Path] = {}
         self.ignored: list[str] = []
         self._source: dict[str, StoredSlice] = {}
@@ -194,6 +199,12 @@ class Checkpoint:
                                  f"needs [E, R, C/32, 16] blocks and {scales!r} [E, R, C/32], "
                                  f"got {list(grid) if grid else 'none'}")
             for e in range(shape[0]):
+                if self._raw_mxfp4:
+                    self._put(f"{base}.{e}.{proj}{MXFP4_BLOCKS}", StoredSlice(name, e), file,
+                              shape[1:], "U8")
+                    self._put(f"{base}.{e}.{proj}{MXFP4_SCALES}", StoredSlice(scales, e),
+                              self._stored_files[scales], shape[1:3], "U8")
+                    continue
                 self._put(f"{base}.{e}.{proj}", StoredSlice(name, e, mxfp4_scales=scales),
                           file, (shape[1], shape[2] * 32), "MXFP4")
             return

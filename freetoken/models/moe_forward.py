@@ -4,10 +4,13 @@ Source: transformers ``Qwen3MoeExperts.forward`` / ``Qwen3NextExperts.forward``
 (model-architectures.md §1.5.4): each routed expert is a SwiGLU MLP
 ``down(silu(gate(x)) * up(x))`` and a token's output is ``sum_j w_j * Expert_{idx_j}(x)``.
 Tokens are grouped by expert (one stable sort) and only experts that received tokens run; a
-single token (decode) just loops over its top-k experts.
+single token (decode) just loops over its top-k experts. gpt-oss's experts add biases and clamp
+the SwiGLU (:class:`ClampedSwiGLU`, transformers ``GptOssExperts``).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -62,6 +65,44 @@ class ExpertWeights(nn.Module):
         return targets
 
 
+def clamped_swiglu(gate_up: torch.Tensor, limit: float, alpha: float) -> torch.Tensor:
+    """gpt-oss's activation: ``[N, 2I]`` (gate columns first, biases added) -> ``[N, I]`` fp32
+    ``(clamp(u, -limit, limit) + 1) * g' * sigmoid(alpha * g')`` with ``g' = min(g, limit)``."""
+    gate, up = gate_up.float().chunk(2, dim=-1)
+    gate = gate.clamp(max=limit)
+    up = up.clamp(-limit, limit)
+    return (up + 1) * gate * torch.sigmoid(gate * alpha)
+
+
+@dataclass(frozen=True)
+class ClampedSwiGLU:
+    """The biased, clamped expert MLP of gpt-oss for the rows of one stacked weight set:
+    ``y = down (act(gate_up x + b_gu)) + b_down`` with :func:`clamped_swiglu` as ``act``.
+
+    Attributes:
+        gate_up_bias: ``[R, 2I]`` fp32 (gate then up, the rows' order).
+        down_bias: ``[R, H]`` fp32.
+        limit, alpha: ``swiglu_limit`` and ``swiglu_alpha``.
+    """
+
+    gate_up_bias: torch.Tensor
+    down_bias: torch.Tensor
+    limit: float
+    alpha: float
+
+    def kernel_args(self) -> dict:
+        """The keyword arguments of the C++ expert kernel that select this MLP."""
+        return {"gate_up_bias": self.gate_up_bias, "down_bias": self.down_bias,
+                "swiglu_limit": self.limit, "swiglu_alpha": self.alpha}
+
+    def mlp(self, x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
+            row: int) -> torch.Tensor:
+        """Row ``row``'s expert on ``x [N, H]`` -> ``[N, H]`` in ``x``'s dtype."""
+        gu = linear(x, gate_up).float() + self.gate_up_bias[row]
+        act = clamped_swiglu(gu, self.limit, self.alpha).to(x.dtype)
+        return (linear(act, down).float() + self.down_bias[row]).to(x.dtype)
+
+
 def swiglu(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
     """SwiGLU ``down(silu(gate(x)) * up(x))``.
 
@@ -90,6 +131,7 @@ def grouped_swiglu(
     weights: torch.Tensor,
     gate_up: torch.Tensor,
     down: torch.Tensor,
+    act: ClampedSwiGLU | None = None,
 ) -> torch.Tensor:
     """Gate-weighted sum of SwiGLU experts over routed ``(token, expert)`` entries, skipping ``-1``.
 
@@ -104,6 +146,7 @@ def grouped_swiglu(
         weights: ``[T, k]`` routing weights, ``hidden``'s dtype.
         gate_up: ``[R, 2I, H]`` stacked gate (rows ``0:I``) and up projections.
         down: ``[R, H, I]``.
+        act: gpt-oss's biased, clamped MLP over the same ``R`` rows, or None (plain SwiGLU).
 
     Returns:
         ``[T, H]`` (zeros where every entry of a token is skipped).
@@ -118,14 +161,20 @@ def grouped_swiglu(
     if cpu_kernel_fits(hidden, gate_up, down, max_rows=kernel_max_tokens(gate_up.shape[0], k)):
         tok = torch.arange(t).repeat_interleave(k)
         out = cpu_moe(hidden.contiguous(), tok, expert_ids.flatten(),
-                      weights.flatten().float(), gate_up, down)
+                      weights.flatten().float(), gate_up, down,
+                      **(act.kernel_args() if act is not None else {}))
         return out.to(hidden.dtype)
+
+    def expert(x: torch.Tensor, e: int) -> torch.Tensor:
+        return swiglu(x, gate_up[e], down[e]) if act is None else act.mlp(x, gate_up[e],
+                                                                          down[e], e)
+
     if t == 1:
         out = None
         for j, e in enumerate(expert_ids[0].tolist()):
             if e < 0:
                 continue
-            y = swiglu(hidden, gate_up[e], down[e]) * weights[0, j]
+            y = expert(hidden, e) * weights[0, j]
             out = y if out is None else out + y
         return torch.zeros_like(hidden) if out is None else out
     flat = expert_ids.flatten()
@@ -142,7 +191,7 @@ def grouped_swiglu(
     for e, count in enumerate(counts):
         if count:
             rows = slice(start, start + count)
-            y_sorted[rows] = swiglu(x_sorted[rows], gate_up[e], down[e])
+            y_sorted[rows] = expert(x_sorted[rows], e)
             start += count
     y_sorted *= weights.flatten().index_select(0, order)[:, None]
     return torch.zeros_like(hidden).index_add_(0, token_of, y_sorted)

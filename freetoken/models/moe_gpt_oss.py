@@ -17,6 +17,7 @@ from torch import nn
 from freetoken.models.config import ModelConfig
 from freetoken.models.loader import WeightTarget
 from freetoken.models.moe import SparseMoE, _param
+from freetoken.models.moe_forward import ClampedSwiGLU, grouped_swiglu
 from freetoken.ops.linear import linear
 
 
@@ -24,14 +25,6 @@ def deinterleave_rows(rows: int) -> torch.Tensor:
     """Row order that takes interleaved ``[g0, u0, g1, u1, ...]`` to ``[g0, g1, ..., u0, u1,
     ...]`` (``rows`` = 2I): the even rows, then the odd ones."""
     return torch.cat([torch.arange(0, rows, 2), torch.arange(1, rows, 2)])
-
-
-def clamped_swiglu(gate_up: torch.Tensor, limit: float, alpha: float) -> torch.Tensor:
-    """``[N, 2I]`` (gate columns first, biases added) -> ``[N, I]`` activation, in fp32."""
-    gate, up = gate_up.float().chunk(2, dim=-1)
-    gate = gate.clamp(max=limit)
-    up = up.clamp(-limit, limit)
-    return (up + 1) * gate * torch.sigmoid(gate * alpha)
 
 
 class GptOssExperts(nn.Module):
@@ -72,31 +65,14 @@ class GptOssExperts(nn.Module):
             targets[f"{prefix}{e}.down_proj_bias"] = WeightTarget(self.down_bias[e])
         return targets
 
-    def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        """``x [T, H]``, ``ids [T, k]`` int64, ``weights [T, k]`` -> ``[T, H]`` in ``x``'s dtype.
+    def activation(self) -> ClampedSwiGLU:
+        """This layer's biased, clamped MLP over its ``E`` expert rows."""
+        return ClampedSwiGLU(self.gate_up_bias, self.down_bias, self.limit, self.alpha)
 
-        Entries are grouped by expert (one stable sort); each expert that received tokens runs
-        once on its rows, and the weighted outputs are summed per token in fp32.
-        """
-        t, k = ids.shape
-        flat = ids.flatten()
-        order = flat.argsort(stable=True)
-        counts = torch.bincount(flat, minlength=self.num_experts).tolist()
-        token_of = order // k
-        rows = x.index_select(0, token_of)
-        out = torch.zeros(t, x.shape[1], dtype=torch.float32, device=x.device)
-        w = weights.flatten().index_select(0, order).float()
-        start = 0
-        for e, count in enumerate(counts):
-            if not count:
-                continue
-            part = slice(start, start + count)
-            gu = linear(rows[part], self.gate_up[e]).float() + self.gate_up_bias[e]
-            act = clamped_swiglu(gu, self.limit, self.alpha).to(x.dtype)
-            y = linear(act, self.down[e]).float() + self.down_bias[e]
-            out.index_add_(0, token_of[part], y * w[part, None])
-            start += count
-        return out.to(x.dtype)
+    def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """``x [T, H]``, ``ids [T, k]`` int64, ``weights [T, k]`` -> ``[T, H]`` in ``x``'s dtype
+        (:func:`~freetoken.models.moe_forward.grouped_swiglu` with :meth:`activation`)."""
+        return grouped_swiglu(x, ids, weights, self.gate_up, self.down, self.activation())
 
 
 class GptOssMoE(SparseMoE):

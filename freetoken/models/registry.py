@@ -82,10 +82,6 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32,
     vision = sum(name.startswith("model.visual.") for name in checkpoint.ignored)
     if vision:
         logger.info("vision tower not loaded (%d tensors): serving the text model only", vision)
-    if moe is not None and config.expert_bias:
-        logger.info("gpt_oss routed experts are served resident (the offload runtime has no "
-                    "biased clamped-SwiGLU experts)")
-        moe = None
     _check_memory(MODEL_CLASSES[arch], config, checkpoint, dtype, torch.device(device), moe)
     quant = raw.get("quantization_config")
     if isinstance(quant, dict):
@@ -109,7 +105,9 @@ def _check_memory(model_cls: type[DecoderLM], config: ModelConfig, checkpoint: C
                   dtype: torch.dtype, device: torch.device, moe) -> None:
     """Refuse a load whose weights exceed ``MemAvailable`` (see ``host_memory``)."""
     from freetoken.offload.backend import resolve_backend
-    from freetoken.offload.loading import bank_dtype, first_expert_tensor, model_bytes
+    from freetoken.offload.loading import (
+        bank_dtype, first_expert_tensor, model_bytes, mxfp4_experts,
+    )
 
     total = model_bytes(model_cls, config, dtype)
     experts = routed_expert_bytes(config, dtype.itemsize)
@@ -117,6 +115,8 @@ def _check_memory(model_cls: type[DecoderLM], config: ModelConfig, checkpoint: C
     if moe is not None and experts and resolve_backend(moe.backend, device, total) != "resident":
         bank_type = bank_dtype(checkpoint, dtype, first_expert_tensor(config))
         banks = routed_expert_bytes(config, bank_type.itemsize)
+        if mxfp4_experts(checkpoint, config):  # 16 code bytes + 1 scale byte per 32 values
+            banks, bank_type = routed_expert_bytes(config, 17) // 32, "mxfp4"
     needed = host_bytes_needed(total, experts, banks, device)
     expert_part = experts if banks is None else banks
     name = str(bank_type).removeprefix("torch.")

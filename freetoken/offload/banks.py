@@ -13,6 +13,11 @@ are page-locked when a CUDA device is present (in place with ``cudaHostRegister`
 copy; never before filling), so cache fills can be asynchronous DMA; when pinning fails they stay
 pageable and everything still works.
 
+gpt-oss (``biased``): the banks also hold each expert's fp32 ``gate_up_bias [N, 2I]`` and
+``down_bias [N, H]``, the checkpoint's interleaved gate / up rows are de-interleaved as they are
+copied in, and a released MXFP4 checkpoint fills ``format="mxfp4"`` banks straight from its
+blocks and scales (no dense copy of the pool ever exists).
+
 Optionally the filled banks are converted once to a 4-bit kernel format (:meth:`quantize`: MXFP4 or
 q4g, ``--moe-expert-format``): the CPU kernel then reads 4-bit codes, and a cache fill copies the
 codes of one expert and dequantises them into its slot, so device and CPU compute the same values.
@@ -26,6 +31,7 @@ import torch
 
 from freetoken.huge_pages import advise_huge_pages
 from freetoken.models.loader import WeightTarget
+from freetoken.models.moe_forward import ClampedSwiGLU
 from freetoken.ops.cpu_moe.formats import ExpertBankView, build_banks, dequantize_bank
 
 EXPERT_FORMATS = ("dense", "mxfp4", "q4g")
@@ -41,7 +47,10 @@ class ExpertBanks:
         num_experts: E, routed experts per MoE layer.
         hidden: H.
         intermediate: I (``moe_intermediate_size``).
-        dtype: bank dtype (``torch.bfloat16`` or ``torch.float32``).
+        dtype: bank dtype (``torch.bfloat16`` or ``torch.float32``) of dense banks.
+        fmt: ``"dense"``, or ``"mxfp4"``: allocate MXFP4 banks, filled as stored.
+        swiglu: gpt-oss's ``(swiglu_limit, swiglu_alpha)``: the experts are biased and clamped
+            and named as gpt-oss releases them; None for the plain SwiGLU families.
 
     Attributes:
         gate_up: ``[N, 2I, H]`` host tensor.
@@ -53,7 +62,8 @@ class ExpertBanks:
     """
 
     def __init__(self, num_layers: int, num_experts: int, hidden: int, intermediate: int,
-                 dtype: torch.dtype) -> None:
+                 dtype: torch.dtype, fmt: str = "dense",
+                 swiglu: tuple[float, float] | None = None) -> None:
         if min(num_layers, num_experts, hidden, intermediate) < 1:
             raise ValueError(f"bank sizes must be positive: L={num_layers} E={num_experts} "
                              f"H={hidden} I={intermediate}")
@@ -62,13 +72,36 @@ class ExpertBanks:
         self.num_layers, self.num_experts = num_layers, num_experts
         self.hidden, self.intermediate = hidden, intermediate
         self.dtype = dtype
+        if fmt not in ("dense", "mxfp4"):
+            raise ValueError(f"banks are allocated dense or mxfp4, got {fmt!r}")
         n = num_layers * num_experts
+        self.pinned = False
+        self.format = fmt
+        self.view: ExpertBankView | None = None  # 4-bit banks (allocated so, or :meth:`quantize`)
+        self.swiglu = swiglu
+        self.gate_up_bias = self.down_bias = None
+        if swiglu is not None:
+            self.gate_up_bias = torch.zeros(n, 2 * intermediate)
+            self.down_bias = torch.zeros(n, hidden)
+        if fmt == "mxfp4":
+            self.gate_up = self.down = None
+            self.view = _empty_mxfp4(n, hidden, intermediate)
+            advise_huge_pages(self.view.gate_up + self.view.down)
+            return
         self.gate_up = torch.empty(n, 2 * intermediate, hidden, dtype=dtype)
         self.down = torch.empty(n, hidden, intermediate, dtype=dtype)
         advise_huge_pages((self.gate_up, self.down))  # the CPU expert kernel streams them
-        self.pinned = False
-        self.format = "dense"
-        self.view: ExpertBankView | None = None  # the 4-bit banks after :meth:`quantize`
+
+    @property
+    def biased(self) -> bool:
+        """gpt-oss experts (biases and the clamped SwiGLU)."""
+        return self.swiglu is not None
+
+    def activation(self) -> ClampedSwiGLU | None:
+        """gpt-oss's MLP over all ``N`` bank rows (for the CPU kernel), or None."""
+        if self.swiglu is None:
+            return None
+        return ClampedSwiGLU(self.gate_up_bias, self.down_bias, *self.swiglu)
 
     @property
     def num_ids(self) -> int:
@@ -141,12 +174,35 @@ class ExpertBanks:
         if not 0 <= layer < self.num_layers:
             raise IndexError(f"MoE layer {layer} outside [0, {self.num_layers})")
         i = self.intermediate
+        if self.biased:
+            return self._oss_targets(layer, prefix)
         targets = {}
         for e in range(self.num_experts):
             n = self.flat_id(layer, e)
             targets[f"{prefix}{e}.gate_proj.weight"] = WeightTarget(self.gate_up[n, :i])
             targets[f"{prefix}{e}.up_proj.weight"] = WeightTarget(self.gate_up[n, i:])
             targets[f"{prefix}{e}.down_proj.weight"] = WeightTarget(self.down[n])
+        return targets
+
+    def _oss_targets(self, layer: int, prefix: str) -> dict[str, WeightTarget]:
+        """gpt-oss's per-expert canonical names (``loader.Checkpoint``): ``{e}.gate_up_proj``
+        (dense) or its ``_blocks`` / ``_scales`` (mxfp4), ``{e}.down_proj`` likewise, and both
+        ``_bias`` rows; gate_up rows (codes and scales alike) de-interleaved."""
+        order = torch.cat([torch.arange(0, 2 * self.intermediate, 2),
+                           torch.arange(1, 2 * self.intermediate, 2)])
+        targets = {}
+        for e in range(self.num_experts):
+            n, p = self.flat_id(layer, e), f"{prefix}{e}."
+            if self.view is None:
+                targets[p + "gate_up_proj"] = WeightTarget(self.gate_up[n], order)
+                targets[p + "down_proj"] = WeightTarget(self.down[n])
+            else:
+                for kind, gu, dn in zip(("_blocks", "_scales"), self.view.gate_up,
+                                        self.view.down):
+                    targets[p + "gate_up_proj" + kind] = WeightTarget(gu[n], order)
+                    targets[p + "down_proj" + kind] = WeightTarget(dn[n])
+            targets[p + "gate_up_proj_bias"] = WeightTarget(self.gate_up_bias[n], order)
+            targets[p + "down_proj_bias"] = WeightTarget(self.down_bias[n])
         return targets
 
     def pin(self) -> bool:
@@ -194,3 +250,13 @@ class ExpertBanks:
             done.append(t)
         self.pinned = True
         return True
+
+
+def _empty_mxfp4(n: int, hidden: int, intermediate: int) -> ExpertBankView:
+    """Uninitialised MXFP4 banks of ``n`` experts (codes and E8M0 scales, uint8)."""
+    def bank(rows: int, cols: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return (torch.empty(n, rows, cols // 32, 16, dtype=torch.uint8),
+                torch.empty(n, rows, cols // 32, dtype=torch.uint8))
+
+    return ExpertBankView("mxfp4", bank(2 * intermediate, hidden), bank(hidden, intermediate),
+                          n, hidden, intermediate)

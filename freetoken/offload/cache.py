@@ -1,6 +1,7 @@
 """The device expert cache: one pool of S whole-expert slots shared by every MoE layer (paper §3.2).
 
-Each slot holds one complete expert (its ``gate_up`` and ``down`` rows, in the compute dtype). A
+Each slot holds one complete expert (its ``gate_up`` and ``down`` rows, in the compute dtype, and
+for gpt-oss its fp32 biases). A
 residency table maps flat id -> slot (``slot_of [N]``, -1 if absent) and slot -> flat id
 (``id_of [S]``, -1 if empty); the two are always inverse.
 
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from freetoken.models.moe_forward import ClampedSwiGLU
 from freetoken.offload.banks import ExpertBanks
 from freetoken.offload.control import ResizeResult
 from freetoken.offload.scores import EvictionScores
@@ -105,7 +107,17 @@ class ExpertCache:
                                    device=self.device)
         self.down = torch.empty(num_slots, b.hidden, b.intermediate, dtype=self.dtype,
                                 device=self.device)
+        self.gate_up_bias = self.down_bias = None
+        if b.biased:  # gpt-oss: each slot's biases beside its weights, fp32
+            self.gate_up_bias = torch.zeros(num_slots, 2 * b.intermediate, device=self.device)
+            self.down_bias = torch.zeros(num_slots, b.hidden, device=self.device)
         self.id_of = torch.full((num_slots,), -1, dtype=torch.int64, device=self.device)
+
+    def activation(self) -> ClampedSwiGLU | None:
+        """gpt-oss's biased, clamped MLP over the slots, or None for plain SwiGLU experts."""
+        if self.gate_up_bias is None:
+            return None
+        return ClampedSwiGLU(self.gate_up_bias, self.down_bias, *self.banks.swiglu)
 
     @property
     def num_slots(self) -> int:
@@ -183,6 +195,12 @@ class ExpertCache:
         if not ids:
             return
         non_blocking = b.pinned and self.device.type == "cuda"
+        if b.biased:
+            index = torch.tensor(ids, dtype=torch.int64)
+            at = torch.tensor(slots, dtype=torch.int64, device=self.device)
+            self.gate_up_bias.index_copy_(0, at, b.gate_up_bias.index_select(0, index).to(
+                self.device))
+            self.down_bias.index_copy_(0, at, b.down_bias.index_select(0, index).to(self.device))
         if b.view is not None:  # 4-bit banks: move the codes, dequantise on the device
             gate_up, down = b.rows(ids, self.device, non_blocking=non_blocking)
             index = torch.tensor(slots, dtype=torch.int64, device=self.device)
@@ -232,17 +250,19 @@ class ExpertCache:
         keep = torch.sort(keep).values  # keep slot order for determinism
         kept_ids = self.id_of[keep]
         k = keep.numel()
-        if reload:
-            self.gate_up = self.down = None  # drop the old pool before allocating the new one
+        if reload:  # drop the old pool before allocating the new one
+            self.gate_up = self.down = self.gate_up_bias = self.down_bias = None
             self._allocate(num_slots)
             self._copy_rows(kept_ids.tolist(), list(range(k)))
         else:
-            old_gate_up, old_down = self.gate_up, self.down
+            pools = (self.gate_up, self.down, self.gate_up_bias, self.down_bias)
             self._allocate(num_slots)
             if k:
-                self.gate_up[:k] = old_gate_up[keep]
-                self.down[:k] = old_down[keep]
-            del old_gate_up, old_down
+                new = (self.gate_up, self.down, self.gate_up_bias, self.down_bias)
+                for before, after in zip(pools, new):
+                    if before is not None:
+                        after[:k] = before[keep]
+            del pools
         self.slot_of.fill_(-1)
         self.id_of[:k] = kept_ids
         self.slot_of[kept_ids] = torch.arange(k, device=self.device)
@@ -260,3 +280,6 @@ class ExpertCache:
             gate_up, down = self.banks.rows([n])
             assert torch.equal(self.gate_up[s].cpu(), gate_up[0].to(self.dtype)), s
             assert torch.equal(self.down[s].cpu(), down[0].to(self.dtype)), s
+            if self.gate_up_bias is not None:
+                assert torch.equal(self.gate_up_bias[s].cpu(), self.banks.gate_up_bias[n]), s
+                assert torch.equal(self.down_bias[s].cpu(), self.banks.down_bias[n]), s

@@ -3,7 +3,7 @@
 Runs the project's C++ kernel (``freetoken.ops.cpu_moe``: asynchronous, GIL released, persistent
 thread pool), which takes every bank format :class:`ExpertBanks` can hold (bf16, fp32, mxfp4,
 q4g), with fp32 activations, int8 ones for 4-bit banks (``activations="q8"``) or bf16 ones for
-bf16 banks (``"bf16"``). A handle returns the gate-weighted per-token partial sums ``[T, H]`` in
+bf16 banks (``"bf16"``), and gpt-oss's biased, clamped experts. A handle returns the gate-weighted per-token partial sums ``[T, H]`` in
 fp32 and how long the kernel worked, which the online split correction needs.
 """
 
@@ -77,5 +77,7 @@ class CpuBranch:
         if x.dtype not in (torch.float32, torch.bfloat16):
             x = x.float()
         x = x.contiguous()
+        act = self.banks.activation()
         return _Kernel(cpu.submit_banks(x, token_ids, flat_ids, weights, self.banks.kernel_view(),
-                                        activations=self.activations))
+                                        activations=self.activations,
+                                        **(act.kernel_args() if act is not None else {})))

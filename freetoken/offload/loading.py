@@ -86,7 +86,14 @@ def first_expert_tensor(config: ModelConfig) -> str:
     first = next((i for i in range(config.num_hidden_layers) if config.is_moe_layer(i)), None)
     if first is None:
         raise ValueError("the model has no MoE layers to offload")
+    if config.model_type == "gpt_oss":  # see loader.Checkpoint's gpt-oss names
+        return f"model.layers.{first}.mlp.experts.0.gate_up_proj"
     return f"model.layers.{first}.mlp.experts.0.gate_proj.weight"
+
+
+def mxfp4_experts(checkpoint: Checkpoint, config: ModelConfig) -> bool:
+    """Whether the checkpoint stores its routed experts as MXFP4 blocks (gpt-oss releases)."""
+    return checkpoint.dtype(first_expert_tensor(config)) == "MXFP4"
 
 
 def planned_bank_dtype(path, compute_dtype: str) -> str:
@@ -97,9 +104,10 @@ def planned_bank_dtype(path, compute_dtype: str) -> str:
     Raises:
         FileNotFoundError, ValueError: as :class:`Checkpoint` and ``ModelConfig.from_file``.
     """
-    name = first_expert_tensor(ModelConfig.from_file(path))
+    config = ModelConfig.from_file(path)
     dtype = torch.bfloat16 if compute_dtype == "bfloat16" else torch.float32
-    return str(bank_dtype(Checkpoint(path), dtype, name)).removeprefix("torch.")
+    checkpoint = Checkpoint(path, oss_experts=config.model_type == "gpt_oss")
+    return str(bank_dtype(checkpoint, dtype, first_expert_tensor(config))).removeprefix("torch.")
 
 
 def memory_watcher(runtime: OffloadRuntime, floor: int, device: torch.device) -> MemoryWatcher:
@@ -142,12 +150,21 @@ def build_offloaded(model_cls: type[DecoderLM], config: ModelConfig, checkpoint:
         return None
     num_layers = sum(config.is_moe_layer(i) for i in range(config.num_hidden_layers))
     bdtype = bank_dtype(checkpoint, dtype, first_expert_tensor(config))
-    if moe.cpu_activations == "bf16" and bdtype != torch.bfloat16:
+    mxfp4 = mxfp4_experts(checkpoint, config)
+    if mxfp4 and moe.expert_format not in ("dense", "mxfp4"):
+        raise ValueError(f"--moe-expert-format {moe.expert_format}: this checkpoint's experts "
+                         f"are MXFP4 and stay so in the host banks (use mxfp4 or dense)")
+    loaded_as = "mxfp4" if mxfp4 else str(bdtype).removeprefix("torch.")
+    if moe.cpu_activations == "bf16" and (mxfp4 or bdtype != torch.bfloat16):
         raise ValueError(f"--moe-cpu-activations bf16 needs bf16 host expert banks, but this "
-                         f"checkpoint's experts load as {str(bdtype).removeprefix('torch.')}: "
+                         f"checkpoint's experts load as {loaded_as}: "
                          f"use --moe-cpu-activations fp32")
+    swiglu = (config.swiglu_limit, config.swiglu_alpha) if config.expert_bias else None
     banks = ExpertBanks(num_layers, config.num_experts, config.hidden_size,
-                        config.moe_intermediate_size, bdtype)
+                        config.moe_intermediate_size, bdtype, "mxfp4" if mxfp4 else "dense",
+                        swiglu)
+    if mxfp4:  # the blocks and scales go into the banks as stored
+        checkpoint = Checkpoint(checkpoint.path, oss_experts=True, raw_mxfp4=True)
     stand_ins: list[OffloadedExperts] = []
 
     def factory(_layer: int, moe_layer: int) -> OffloadedExperts:
@@ -156,7 +173,7 @@ def build_offloaded(model_cls: type[DecoderLM], config: ModelConfig, checkpoint:
 
     model = model_cls(config, dtype=dtype, device=device, experts_factory=factory)
     load_weights(checkpoint, model.weight_targets(), progress)
-    if moe.expert_format != "dense":
+    if moe.expert_format != "dense" and banks.view is None:
         banks.quantize(moe.expert_format)
     if device.type == "cuda":
         banks.pin()
@@ -184,7 +201,7 @@ def build_offloaded(model_cls: type[DecoderLM], config: ModelConfig, checkpoint:
                 "cpu activations %s",
                 backend, slots, banks.num_ids, device, slots * slot / 2**20,
                 banks.nbytes / 2**20,
-                moe.expert_format if banks.view is not None else str(bdtype).removeprefix("torch."),
+                banks.format if banks.view is not None else str(bdtype).removeprefix("torch."),
                 " pinned" if banks.pinned else "", moe.cpu_activations)
     if floor is not None:
         logger.info("memory watcher: keeps %s free on %s (checked every %d steps; the expert "

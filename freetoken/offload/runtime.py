@@ -116,7 +116,8 @@ class OffloadRuntime:
             )
         started = self._timer.start()
         self.cache.fill(plan)
-        out = grouped_swiglu(x, plan.slot_ids, topk_weights, self.cache.gate_up, self.cache.down)
+        out = grouped_swiglu(x, plan.slot_ids, topk_weights, self.cache.gate_up, self.cache.down,
+                             self.cache.activation())
         device_s = self._timer.stop(started)
         cpu_s = 0.0
         if handle is not None:

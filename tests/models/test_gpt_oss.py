@@ -4,7 +4,6 @@ YaRN against transformers' own frequencies, sliding windows past the window, and
 from __future__ import annotations
 
 import json
-import logging
 import shutil
 
 import pytest
@@ -101,15 +100,48 @@ def test_yarn_frequencies_and_scale_equal_transformers(params) -> None:
     assert yarn.attention_factor == factor
 
 
-def test_offload_backends_serve_the_experts_resident(tiny_checkpoint, caplog) -> None:
+def test_mxfp4_experts_fill_the_host_banks_as_stored(tiny_checkpoint) -> None:
+    """The released blocks and scales are the MXFP4 banks' bytes (gate_up rows de-interleaved,
+    codes and scales alike); no dense bank exists; the fp32 biases sit beside them."""
     path = tiny_checkpoint("gpt_oss")
-    ids = prompt_ids(path, 40)
-    base = load_model(path)
-    with caplog.at_level(logging.INFO, logger="freetoken.models"):
-        offloaded = load_model(path, moe=MoeConfig(backend="cpu"))
-    assert offloaded.moe_runtime is None
-    assert "gpt_oss routed experts are served resident" in caplog.text
-    assert torch.equal(base(ids, base.new_state()), offloaded(ids, offloaded.new_state()))
+    model = load_model(path, moe=MoeConfig(backend="cpu"))
+    banks = model.moe_runtime.banks
+    assert banks.format == "mxfp4" and banks.gate_up is None and banks.down is None
+    stored = load_file(path / "model.safetensors")
+    p = "model.layers.2.mlp.experts."
+    order = torch.cat([torch.arange(0, 256, 2), torch.arange(1, 256, 2)])
+    flat = slice(2 * 16, 3 * 16)  # MoE layer 2's rows of the banks
+    assert torch.equal(banks.view.gate_up[0][flat], stored[p + "gate_up_proj_blocks"][:, order])
+    assert torch.equal(banks.view.gate_up[1][flat], stored[p + "gate_up_proj_scales"][:, order])
+    assert torch.equal(banks.view.down[0][flat], stored[p + "down_proj_blocks"])
+    assert torch.equal(banks.view.down[1][flat], stored[p + "down_proj_scales"])
+    assert torch.equal(banks.gate_up_bias[flat], stored[p + "gate_up_proj_bias"][:, order].float())
+    assert torch.equal(banks.down_bias[flat], stored[p + "down_proj_bias"].float())
+
+
+@pytest.mark.parametrize("backend", ["offload", "cpu", "hybrid"])
+def test_offloaded_bf16_layout_matches_resident(bf16_layout, backend) -> None:
+    ids = prompt_ids(bf16_layout, 40)
+    base = load_model(bf16_layout)
+    offloaded = load_model(bf16_layout, moe=MoeConfig(backend=backend, cache="4"))
+    assert offloaded.moe_runtime.banks.format == "dense"
+    ref = base(ids, base.new_state(), all_logits=True)
+    out = offloaded(ids, offloaded.new_state(), all_logits=True)
+    assert (out - ref).abs().max().item() <= 1e-5 * ref.abs().max().item()
+
+
+@pytest.mark.parametrize("moe, message", [
+    (MoeConfig(backend="cpu", cpu_activations="bf16"),
+     "--moe-cpu-activations bf16 needs bf16 host expert banks, but this checkpoint's experts "
+     "load as mxfp4: use --moe-cpu-activations fp32"),
+    (MoeConfig(backend="cpu", expert_format="q4g"),
+     "--moe-expert-format q4g: this checkpoint's experts are MXFP4 and stay so in the host "
+     "banks (use mxfp4 or dense)"),
+])
+def test_mxfp4_bank_options_that_cannot_apply_are_refused(tiny_checkpoint, moe, message) -> None:
+    with pytest.raises(ValueError) as err:
+        load_model(tiny_checkpoint("gpt_oss"), moe=moe)
+    assert str(err.value) == message
 
 
 @pytest.mark.parametrize("change, message", [
@@ -145,3 +177,19 @@ def test_mismatched_mxfp4_scales_are_refused(tiny_checkpoint, tmp_path) -> None:
         f"checkpoint {dst}: MXFP4 tensor 'model.layers.1.mlp.experts.down_proj_blocks' "
         "[16, 256, 4, 16] needs [E, R, C/32, 16] blocks and "
         "'model.layers.1.mlp.experts.down_proj_scales' [E, R, C/32], got [16, 256, 2]")
+
+
+@pytest.mark.parametrize("reload", [False, True])
+def test_resized_cache_keeps_each_slots_biases(tiny_checkpoint, reload) -> None:
+    path = tiny_checkpoint("gpt_oss")
+    ids = prompt_ids(path, 24)
+    base = load_model(path)
+    model = load_model(path, moe=MoeConfig(backend="offload", cache="12"))
+    cache = model.moe_runtime.cache
+    ref = base(ids, base.new_state(), all_logits=True)
+    out = model(ids, model.new_state(), all_logits=True)
+    cache.resize(5, reload=reload)
+    cache.check_invariants()  # each held slot's biases equal its bank row's
+    again = model(ids, model.new_state(), all_logits=True)
+    for logits in (out, again):
+        assert (logits - ref).abs().max().item() <= 1e-5 * ref.abs().max().item()

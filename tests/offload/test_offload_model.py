@@ -50,7 +50,7 @@ def resident_tokens(tiny_checkpoint):
     return get
 
 
-@pytest.mark.parametrize("arch", ["qwen3_next", "qwen3_moe", "qwen3_5_moe", "glm4_moe"])
+@pytest.mark.parametrize("arch", ["qwen3_next", "qwen3_moe", "qwen3_5_moe", "glm4_moe", "gpt_oss"])
 @pytest.mark.parametrize("backend", ["offload", "cpu", "hybrid"])
 @pytest.mark.parametrize("cache", ["1", "0.25", "1.0"])
 def test_backend_generates_resident_tokens(tiny_checkpoint, resident_tokens, arch, backend, cache):
@@ -71,7 +71,7 @@ def test_backend_generates_resident_tokens(tiny_checkpoint, resident_tokens, arc
         assert sum(l.evictions for l in s.layers) > NEW_TOKENS  # evicts on (almost) every step
 
 
-@pytest.mark.parametrize("arch", ["qwen3_next", "qwen3_moe", "qwen3_5_moe", "glm4_moe"])
+@pytest.mark.parametrize("arch", ["qwen3_next", "qwen3_moe", "qwen3_5_moe", "glm4_moe", "gpt_oss"])
 def test_every_cpu_isa_generates_resident_tokens(tiny_checkpoint, resident_tokens, arch,
                                                  every_cpu_isa):
     """``cpu`` with a one-slot cache runs almost every expert on the CPU kernel: once per ISA
