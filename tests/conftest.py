@@ -52,6 +52,24 @@ def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str],
     return get
 
 
+@pytest.fixture(scope="session")
+def harmony_tokenizer(tmp_path_factory: pytest.TempPathFactory):
+    """The tiny gpt_oss tokenizer (the committed 8k BPE plus the harmony special tokens,
+    ``freetoken.models.tiny_tokens``) with its stop tokens ``<|return|>``, ``<|endoftext|>``,
+    ``<|call|>`` as ``generation_config.json`` EOS ids; no checkpoint needed."""
+    import json
+
+    from freetoken.models.tiny_tokens import family_tokenizer, stop_tokens, token_id
+    from freetoken.tokenizer.tokenizer import Tokenizer
+
+    root = tmp_path_factory.mktemp("harmony-tokenizer")
+    data = family_tokenizer("gpt_oss")
+    (root / "tokenizer.json").write_text(json.dumps(data), encoding="utf-8")
+    eos = [token_id(data, token) for token in stop_tokens("gpt_oss")]
+    (root / "generation_config.json").write_text(json.dumps({"eos_token_id": eos}))
+    return Tokenizer.from_pretrained(root)
+
+
 def _kernel_report() -> tuple[list[str], list[str]]:
     """(lines describing the CPU expert kernels this run exercised, names of kernels this CPU can
     run that no test ran)."""

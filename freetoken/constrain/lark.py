@@ -4,7 +4,7 @@ llguidance's Lark syntax (guidance-ai/llguidance ``docs/syntax.md``) adds three 
 ``%json {schema}`` as a rule body (a JSON-schema grammar inside the Lark one), ``<[ID]>`` for one
 special token, and ``&`` / ``~`` on regex terminals with ``[lazy]`` rules (a lexeme that ends at
 the first place its text matches). The grammar mirrors what the chat templates render and what
-:mod:`freetoken.parsers.toolcall` reads back:
+:mod:`freetoken.parsers.toolcall` (:mod:`freetoken.parsers.harmony`) reads back:
 
 * json form: ``<tool_call>`` ``\\n{"name": "NAME", "arguments": `` ARGS ``}\\n`` ``</tool_call>``,
   ARGS the tool's schema written compactly with ``", "`` / ``": "`` separators (Jinja ``tojson``);
@@ -15,7 +15,12 @@ the first place its text matches). The grammar mirrors what the chat templates r
   ``</parameter>``), any other as JSON of its schema;
 * glm form (GLM-4.5): ``<tool_call>`` ``NAME\n`` then for each declared parameter, in schema
   order, ``<arg_key>ARG</arg_key>\n<arg_value>VALUE</arg_value>\n`` (VALUE as in the xml form,
-  ending at ``</arg_value>``), then ``</tool_call>``.
+  ending at ``</arg_value>``), then ``</tool_call>``;
+* harmony form (gpt-oss): ``<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>``
+  then ARGS, the tool's schema written compactly (``,`` / ``:`` separators, as the model writes
+  it and templates/gpt_oss.jinja renders it); with ``reasoning`` an analysis message
+  ``<|channel|>analysis<|message|>TEXT<|end|><|start|>assistant`` may come first. One call; the
+  model's ``<|call|>``, a stop token, is the EOS that ends it.
 
 Schemas are made strict before compiling: an object schema that lists ``properties`` and does not
 say ``additionalProperties`` gets ``additionalProperties: false`` (xgrammar / vLLM strict mode),
@@ -27,12 +32,12 @@ Around the calls: with ``reasoning`` the grammar starts with free text (no speci
 allowed (an answer is not a call, so it cannot be the whole output of a forced choice).
 
 Tags that are single added tokens of the tokenizer (``<tool_call>``, ``</tool_call>``,
-``</think>`` in the Qwen vocabularies, GLM's ``<arg_key>`` / ``<arg_value>`` pairs too) are
-written as token references: llguidance's Hugging Face
-loader marks every added token special, so such a token never matches the same text written as a
-string literal. Tags the tokenizer lacks are written as text. A ``$ref`` is resolved only to
-decide whether an XML value is raw text (the parser does not resolve it: an enum value that
-reads as JSON, ``"1"`` or ``"true"``, would come back typed).
+``</think>`` in the Qwen vocabularies, GLM's ``<arg_key>`` / ``<arg_value>`` pairs, the harmony
+tokens of gpt-oss) are written as token references: llguidance's Hugging Face loader marks every
+added token special, so such a token never matches the same text written as a string literal.
+Tags the tokenizer lacks are written as text. A ``$ref`` is resolved only to decide whether an
+XML value is raw text (the parser does not resolve it: an enum value that reads as JSON, ``"1"``
+or ``"true"``, would come back typed).
 """
 
 from __future__ import annotations
@@ -52,10 +57,14 @@ JSON_OPTIONS = {
     "lenient": True,
 }
 """llguidance ``x-guidance`` options of every embedded JSON schema: Jinja ``tojson`` spacing."""
+COMPACT_JSON_OPTIONS = {**JSON_OPTIONS, "item_separator": ",", "key_separator": ":"}
+"""The same for the harmony form: compact separators."""
 
 TOOL_OPEN, TOOL_CLOSE, THINK_CLOSE = "<tool_call>", "</tool_call>", "</think>"
 ARG_KEY_OPEN, ARG_KEY_CLOSE = "<arg_key>", "</arg_key>"
 ARG_VALUE_OPEN, ARG_VALUE_CLOSE = "<arg_value>", "</arg_value>"
+H_START, H_END, H_MESSAGE = "<|start|>", "<|end|>", "<|message|>"
+H_CHANNEL, H_CONSTRAIN = "<|channel|>", "<|constrain|>"
 _PARAM_CLOSE = "\n</parameter>\n"
 _NOT_PARAM_CLOSE = r"~/(.|\n)*<\/parameter>(.|\n)*/"
 _DEF_KEYS = ("$defs", "definitions")
@@ -92,9 +101,9 @@ def close_objects(schema: object) -> object:
     return out
 
 
-def _json_rule(schema: dict) -> str:
+def _json_rule(schema: dict, options: dict = JSON_OPTIONS) -> str:
     body = dict(schema)
-    body["x-guidance"] = JSON_OPTIONS
+    body["x-guidance"] = options
     return "%json " + json.dumps(body)
 
 
@@ -239,6 +248,30 @@ def _not_containing(text: str) -> str:
     return rf"~/(.|\n)*{escaped}(.|\n)*/"
 
 
+def _harmony_grammar(spec: ToolCallGrammar, tag: Callable[[str], str], tag_ref: TagRef) -> str:
+    """The harmony form's grammar (module docstring): [analysis message] then one call message."""
+    rules = ["start: analysis? call" if spec.reasoning else "start: call"]
+    if spec.reasoning:
+        head = f"{tag(H_CHANNEL)} {_lit('analysis')} {tag(H_MESSAGE)}"
+        tail = f"{tag(H_START)} {_lit('assistant')}"
+        if tag_ref(H_END) is None:  # a text tag: the analysis ends at its first occurrence
+            rules += [f"analysis: {head} analysis_text {tail}",
+                      rf"analysis_text[lazy]: /(.|\n)*/ {_lit(H_END)}"]
+        else:
+            rules += [f"analysis: {head} ANALYSIS_TEXT {tag(H_END)} {tail}",
+                      r"ANALYSIS_TEXT: /(.|\n)*/"]
+    rules.append("call: " + " | ".join(f"call_{i}" for i in range(len(spec.tools))))
+    for i, tool in enumerate(spec.tools):
+        if not tool.name or any(c.isspace() or c == "<" for c in tool.name):
+            raise GrammarError(f"tool name {tool.name!r} cannot be written as a harmony recipient")
+        schema = arguments_schema(tool.name, tool.parameters)
+        head = _lit(f"commentary to=functions.{tool.name} ")
+        rules.append(f"call_{i}: {tag(H_CHANNEL)} {head} {tag(H_CONSTRAIN)} {_lit('json')} "
+                     f"{tag(H_MESSAGE)} args_{i}")
+        rules.append(f"args_{i}: {_json_rule(schema, COMPACT_JSON_OPTIONS)}")
+    return "\n".join(rules) + "\n"
+
+
 def grammar_text(spec: ToolCallGrammar, tag_ref: TagRef = _no_tags) -> str:
     """The Lark grammar of ``spec`` (rules in the module docstring).
 
@@ -254,6 +287,8 @@ def grammar_text(spec: ToolCallGrammar, tag_ref: TagRef = _no_tags) -> str:
     def tag(text: str) -> str:
         return tag_ref(text) or _lit(text)
 
+    if spec.form == "harmony":
+        return _harmony_grammar(spec, tag, tag_ref)
     rules: list[str] = []
     start = ["calls"]
     if spec.reasoning:

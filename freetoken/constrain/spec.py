@@ -5,14 +5,17 @@ A :class:`ToolCallGrammar` is what the HTTP layer puts on ``SamplingParams.gramm
 ``tool``). It is plain, frozen and hashable data (tool schemas are kept as JSON text), so the
 engine can cache the compiled grammar by it; nothing here imports the grammar library.
 
-Call forms (the three the output parser reads, see :mod:`freetoken.parsers.toolcall`):
+Call forms (those the output parsers read, see :mod:`freetoken.parsers.toolcall` and
+:mod:`freetoken.parsers.harmony`):
 
 * ``"json"``: Qwen3 / Qwen3-Next / Hermes,
   ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``;
 * ``"xml"``: Qwen3.5 / Qwen3-Coder, ``<tool_call>\\n<function=NAME>\\n<parameter=ARG>\\nVALUE\\n
   </parameter>\\n</function>\\n</tool_call>``;
 * ``"glm"``: GLM-4.5, ``<tool_call>NAME\\n<arg_key>ARG</arg_key>\\n<arg_value>VALUE
-  </arg_value>\\n</tool_call>``.
+  </arg_value>\\n</tool_call>``;
+* ``"harmony"``: gpt-oss, ``<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>
+  {ARGS}`` (then the ``<|call|>`` stop token; :mod:`freetoken.parsers.harmony`).
 """
 
 from __future__ import annotations
@@ -22,8 +25,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-CallForm = Literal["json", "xml", "glm"]
-CALL_FORMS: tuple[str, ...] = ("json", "xml", "glm")
+CallForm = Literal["json", "xml", "glm", "harmony"]
+CALL_FORMS: tuple[str, ...] = ("json", "xml", "glm", "harmony")
 
 
 class GrammarError(ValueError):
@@ -55,11 +58,17 @@ class ToolCallGrammar:
     any number of further calls (each after up to two newlines); then an end-of-sequence token.
     End of sequence is allowed only once at least one call is complete.
 
+    In the harmony form the reasoning is an optional ``analysis`` message before the call
+    message, and there is exactly one call whatever ``parallel`` says: ``<|call|>``, which ends
+    a call message, is a stop token.
+
     Attributes:
-        form: the call form of the model's chat template (``"json"``, ``"xml"`` or ``"glm"``).
+        form: the call form of the model's chat template (``"json"``, ``"xml"``, ``"glm"`` or
+            ``"harmony"``).
         tools: the tools a call may use (one for a named ``tool_choice``), unique names.
         reasoning: the prompt opened a think block (``Prompt.in_reasoning``): the model finishes
-            its reasoning freely and the calls follow ``</think>``.
+            its reasoning freely and the calls follow ``</think>`` (harmony: the model may write
+            an analysis message first).
         parallel: more than one call may follow the first.
 
     Raises:
@@ -109,7 +118,8 @@ def tool_call_grammar(
         only: the tool a named ``tool_choice`` forces (then exactly one call of it), or None for
             any of ``tools``.
         reasoning: the prompt opened a think block.
-        parallel: allow more than one call (ignored, False, when ``only`` is given).
+        parallel: allow more than one call (ignored, False, when ``only`` is given and in the
+            harmony form).
 
     Raises:
         GrammarError: ``only`` names no tool in ``tools``, or the description is invalid (see
@@ -126,5 +136,7 @@ def tool_call_grammar(
         specs = [s for s in specs if s.name == only]
         if not specs:
             raise GrammarError(f"no tool named {only!r}")
+        parallel = False
+    if form == "harmony":
         parallel = False
     return ToolCallGrammar(form, tuple(specs), reasoning=reasoning, parallel=parallel)

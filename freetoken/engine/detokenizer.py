@@ -17,7 +17,8 @@ In both, the concatenation of all returned chunks plus :meth:`flush` equals
 ``tokenizer.decode(all ids, skip_special_tokens=True)``: added tokens flagged ``special``
 (``<|im_end|>``, ``<|im_start|>``, ``<|endoftext|>``) never reach the text, as in vLLM's default,
 while the non-special markers the downstream parsers need (``<think>``, ``<tool_call>``) stay.
-The byte-level path also keeps those markers where a tokenizer flags them special (GLM-4.5;
+The byte-level path also keeps those markers where a tokenizer flags them special (GLM-4.5's
+tags, gpt-oss's harmony ``<|channel|>`` / ``<|message|>`` / ``<|end|>``…;
 ``Tokenizer.special_ids`` leaves them out).
 """
 

@@ -14,7 +14,8 @@ class TextDelta:
 
 @dataclass(frozen=True)
 class ReasoningDelta:
-    """Text inside a ``<think>…</think>`` block (tags excluded)."""
+    """Reasoning: text inside a ``<think>…</think>`` block (tags excluded), or a harmony
+    ``analysis`` message's content."""
 
     text: str
 

@@ -25,7 +25,7 @@ from freetoken.server.generation import (
 )
 from freetoken.server.ids import message_id
 from freetoken.server.messages import from_anthropic
-from freetoken.server.prompt import Prompt
+from freetoken.server.prompt import Prompt, harmony_effort
 from freetoken.server.sampling import build_sampling, stop_strings
 from freetoken.server.streaming import named_event
 from harness_adapters import HarnessAdapter
@@ -41,6 +41,29 @@ def enable_thinking(req: CountTokensRequest) -> bool:
     return req.thinking is not None and req.thinking.type != "disabled"
 
 
+_BUDGET_LOW, _BUDGET_HIGH = 4096, 16384
+"""``budget_tokens`` below the first is ``low`` effort, from the second on ``high`` (FreeToken's
+own cut points: Claude Code asks 31999 for its deepest thinking)."""
+
+
+def reasoning_effort(req: CountTokensRequest) -> str | None:
+    """The harmony reasoning level a request asks for, or None (the template's default).
+
+    With thinking off, None: the template then takes the lowest level from
+    ``enable_thinking=False``. With it on, ``output_config.effort`` (``low`` / ``medium`` /
+    ``high`` / ``max``, through ``harmony_effort``) wins, else an ``enabled`` thinking's
+    ``budget_tokens`` (below 4096 ``low``, below 16384 ``medium``, else ``high``).
+    """
+    if not enable_thinking(req):
+        return None
+    config = req.output_config if isinstance(req.output_config, dict) else {}
+    effort = harmony_effort(config.get("effort"))
+    budget = req.thinking.budget_tokens
+    if effort is None and req.thinking.type == "enabled" and isinstance(budget, int):
+        effort = "low" if budget < _BUDGET_LOW else "medium" if budget < _BUDGET_HIGH else "high"
+    return effort
+
+
 def render_request(
     ctx: ServerContext, req: CountTokensRequest, adapter: HarnessAdapter | None = None
 ) -> tuple[Prompt, ToolPolicy]:
@@ -54,7 +77,7 @@ def render_request(
     messages = from_anthropic(req.system, req.messages)
     if adapter is not None:
         messages = adapter.normalize(messages)
-    return ctx.render(messages, policy, enable_thinking(req)), policy
+    return ctx.render(messages, policy, enable_thinking(req), reasoning_effort(req)), policy
 
 
 def prepare_messages(

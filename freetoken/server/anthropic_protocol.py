@@ -3,7 +3,8 @@
 Follows docs.anthropic.com "Messages" and "Count message tokens". Content blocks stay plain dicts
 here and are validated one by one in :mod:`freetoken.server.anthropic_messages` (so an error names
 the exact block field). Unknown top-level fields (``metadata``, ``context_management``,
-``output_config``, ``cache_control``, ``service_tier``...) are accepted and ignored.
+``cache_control``, ``service_tier``...) are accepted and ignored; of ``output_config`` only a
+string ``effort`` is read (any other shape is ignored too).
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ class CountTokensRequest(_Lenient):
     tools: list[AnthropicTool] | None = None
     tool_choice: AnthropicToolChoice | None = None
     thinking: ThinkingConfig | None = None
+    output_config: Any = None
 
 
 class MessagesRequest(CountTokensRequest):

@@ -37,11 +37,16 @@ def default_template(engine: EngineClient) -> PromptTemplate:
     return ChatTemplate.for_model(engine.tokenizer.chat_template, engine.info.model_type)
 
 
-def default_parser_factory() -> ParserFactory:
-    """``freetoken.parsers.OutputParser`` (called as ``OutputParser(tools, in_reasoning=...,
-    parse_tools=...)`` once per request)."""
-    from freetoken.parsers import OutputParser  # type: ignore[attr-defined]
+def default_parser_factory(model_type: str, template: PromptTemplate) -> ParserFactory:
+    """The output parser of the model's chat format, called as ``Parser(tools, in_reasoning=...,
+    parse_tools=...)`` once per request: ``freetoken.parsers.HarmonyParser`` for gpt-oss
+    (``model_type`` ``gpt_oss``, or a template written in harmony, see ``call_form``), else
+    ``freetoken.parsers.OutputParser`` (think tags and the tool-call tag forms)."""
+    from freetoken.parsers import HarmonyParser, OutputParser
+    from freetoken.server.tools import call_form
 
+    if model_type == "gpt_oss" or call_form(template) == "harmony":
+        return HarmonyParser
     return OutputParser
 
 
@@ -67,16 +72,20 @@ def create_app(
         template: chat template override; default ``ChatTemplate.for_model(tokenizer's
             template, info.model_type)``.
         parser_factory: output-parser constructor override; default
-            ``freetoken.parsers.OutputParser``.
+            :func:`default_parser_factory` (``HarmonyParser`` for gpt-oss, else
+            ``OutputParser``).
 
     Raises:
         Whatever the default template / parser lookup raises (no template for the model type).
     """
+    template = template if template is not None else default_template(engine)
+    if parser_factory is None:
+        parser_factory = default_parser_factory(engine.info.model_type, template)
     ctx = ServerContext(
         engine=engine,
         config=config,
-        template=template if template is not None else default_template(engine),
-        parser_factory=parser_factory if parser_factory is not None else default_parser_factory(),
+        template=template,
+        parser_factory=parser_factory,
         sessions=SessionStore(config.session_idle_timeout_s, config.max_sessions),
     )
     app = FastAPI(

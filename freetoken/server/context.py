@@ -81,11 +81,14 @@ class ServerContext:
             raise APIError(503, "the engine is not healthy; try again later")
 
     def render(
-        self, messages: list[dict], policy: ToolPolicy, enable_thinking: bool | None
+        self, messages: list[dict], policy: ToolPolicy, enable_thinking: bool | None,
+        reasoning_effort: str | None = None,
     ) -> Prompt:
-        """Render and tokenize a conversation (400 on template errors)."""
+        """Render and tokenize a conversation (400 on template errors); ``reasoning_effort``
+        reaches the template only when set (see ``render_prompt``)."""
         return render_prompt(
-            self.template, self.engine.tokenizer, messages, policy.tools, enable_thinking
+            self.template, self.engine.tokenizer, messages, policy.tools, enable_thinking,
+            reasoning_effort,
         )
 
     def record(self, binding: HarnessBinding | None, prompt_ids: tuple[int, ...],

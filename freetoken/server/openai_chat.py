@@ -24,7 +24,7 @@ from freetoken.server.generation import (
 from freetoken.server.ids import chat_completion_id, openai_tool_call_id
 from freetoken.server.messages import from_openai
 from freetoken.server.openai_protocol import ChatCompletionRequest
-from freetoken.server.prompt import thinking_from_kwargs
+from freetoken.server.prompt import effort_from_kwargs, thinking_from_kwargs
 from freetoken.server.sampling import build_sampling, stop_strings
 from freetoken.server.streaming import data_event
 from freetoken.server.sessions import HarnessBinding
@@ -76,9 +76,9 @@ def prepare_chat(
     if binding is not None:
         messages = binding.adapter.normalize(messages)
     stop = stop_strings(req.stop, "stop")
-    prompt = ctx.render(
-        messages, policy, thinking_from_kwargs(req.chat_template_kwargs, req.reasoning_effort)
-    )
+    kwargs, effort = req.chat_template_kwargs, req.reasoning_effort
+    prompt = ctx.render(messages, policy, thinking_from_kwargs(kwargs, effort),
+                        effort_from_kwargs(kwargs, effort))
     ctx.check_context(len(prompt.token_ids), "openai", "messages")
     requested = (
         req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens

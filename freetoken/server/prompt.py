@@ -13,7 +13,7 @@ from typing import Protocol
 
 from jinja2 import TemplateError
 
-from freetoken.parsers import prompt_opens_reasoning
+from freetoken.parsers import opens_harmony_reply, prompt_opens_reasoning
 from freetoken.parsers.events import ParserEvent
 from freetoken.server.errors import Api, APIError, bad_request
 from freetoken.tokenizer.tokenizer import Tokenizer
@@ -28,8 +28,10 @@ class PromptTemplate(Protocol):
         tools: list[dict] | None = None,
         add_generation_prompt: bool = True,
         enable_thinking: bool | None = None,
+        **template_kwargs: str,
     ) -> str:
-        """Prompt text of ``messages`` (see ``ChatTemplate.render``)."""
+        """Prompt text of ``messages`` (see ``ChatTemplate.render``); ``template_kwargs`` is
+        ``reasoning_effort``, passed only when the request sets one."""
         ...
 
 
@@ -57,7 +59,10 @@ class Prompt:
         text: the template output (special tokens written as text).
         token_ids: its token ids, as the engine will prefill them.
         in_reasoning: True when the prompt ends by opening a reasoning block (``<think>``), so the
-            model's first tokens are reasoning and the parser must start inside it.
+            model's first tokens are reasoning and the parser must start inside it; for a
+            harmony prompt (ending ``<|start|>assistant``), True unless thinking was turned off:
+            the model may open an analysis message (a forced call's grammar allows one; the
+            harmony parser reads each message's channel and ignores this).
     """
 
     text: str
@@ -71,11 +76,15 @@ def render_prompt(
     messages: list[dict],
     tools: list[dict] | None,
     enable_thinking: bool | None,
+    reasoning_effort: str | None = None,
 ) -> Prompt:
     """Render ``messages`` (+ ``tools``) with the generation prompt and tokenize the result.
 
     ``in_reasoning`` follows :func:`freetoken.parsers.prompt_opens_reasoning` (the last turn
-    opened ``<think>`` and did not close it, e.g. a generation prompt ending in ``<think>\n``).
+    opened ``<think>`` and did not close it, e.g. a generation prompt ending in ``<think>\n``),
+    or for a harmony prompt :func:`freetoken.parsers.opens_harmony_reply` with thinking not off.
+    ``reasoning_effort`` (``low`` / ``medium`` / ``high``, see :func:`harmony_effort`) reaches the
+    template only when not None.
 
     CPU-heavy for agent-sized prompts (tens of thousands of tokens): the routes call it through a
     worker thread, and tokenisation goes through :func:`encode_text` so it does not hold the GIL.
@@ -85,9 +94,11 @@ def render_prompt(
             ``TemplateError``, jinja errors, type/key errors from a template, or a structure
             nested too deeply to render, e.g. a tool schema nested hundreds of levels).
     """
+    extra = {} if reasoning_effort is None else {"reasoning_effort": reasoning_effort}
     try:
         text = template.render(
-            messages, tools=tools, add_generation_prompt=True, enable_thinking=enable_thinking
+            messages, tools=tools, add_generation_prompt=True, enable_thinking=enable_thinking,
+            **extra,
         )
     except RecursionError:
         raise bad_request(
@@ -99,7 +110,11 @@ def render_prompt(
         if not message.startswith("chat template"):
             message = f"chat template error: {message}"
         raise bad_request(message, param="messages") from None
-    return Prompt(text, tuple(encode_text(tokenizer, text)), prompt_opens_reasoning(text))
+    if opens_harmony_reply(text):
+        in_reasoning = enable_thinking is not False
+    else:
+        in_reasoning = prompt_opens_reasoning(text)
+    return Prompt(text, tuple(encode_text(tokenizer, text)), in_reasoning)
 
 
 def encode_text(tokenizer: Tokenizer, text: str) -> list[int]:
@@ -152,3 +167,24 @@ def thinking_from_kwargs(kwargs: dict | None, effort: str | None) -> bool | None
     if effort is None:
         return None
     return effort != "none"
+
+
+_EFFORTS = {"none": "low", "minimal": "low", "low": "low", "medium": "medium", "high": "high",
+            "xhigh": "high", "max": "high"}
+
+
+def harmony_effort(effort: object) -> str | None:
+    """A requested reasoning effort as one of harmony's ``Reasoning:`` levels (``low`` /
+    ``medium`` / ``high``): ``none`` / ``minimal`` → ``low``, ``xhigh`` / ``max`` → ``high``
+    (case-insensitive), anything else None (the template's default). gpt-oss cannot turn
+    reasoning off, so the lowest level stands in for "no reasoning"."""
+    return _EFFORTS.get(effort.strip().lower()) if isinstance(effort, str) else None
+
+
+def effort_from_kwargs(kwargs: dict | None, effort: str | None) -> str | None:
+    """``reasoning_effort`` of an OpenAI request for the template: ``chat_template_kwargs.
+    reasoning_effort`` wins, else the ``reasoning_effort`` field, both through
+    :func:`harmony_effort`; None when neither names a level."""
+    if kwargs and "reasoning_effort" in kwargs:
+        return harmony_effort(kwargs["reasoning_effort"])
+    return harmony_effort(effort)

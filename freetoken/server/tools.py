@@ -12,11 +12,12 @@ Tools are kept in the OpenAI form ``{"type": "function", "function": {"name", "d
   their schemas (one call when ``parallel_tool_calls`` is false or ``disable_parallel_tool_use``);
 * a named function / Anthropic ``tool``: constrained to exactly one call of that tool.
 
-The grammar (:meth:`ToolPolicy.grammar`) follows the chat template's call form (JSON or XML, see
-:func:`call_form`) and lets a think block the prompt opened finish first (the calls follow
-``</think>``; until then the model reasons freely). Generation ends by EOS, allowed only after a
-complete call, so ``tool_calls`` / ``tool_use`` is reported exactly when a call was parsed; a call
-cut off by ``max_tokens`` ends with ``length`` / ``max_tokens``.
+The grammar (:meth:`ToolPolicy.grammar`) follows the chat template's call form (JSON, XML, GLM or
+harmony, see :func:`call_form`) and lets a think block the prompt opened finish first (the calls
+follow ``</think>``; until then the model reasons freely; harmony: an analysis message may come
+first). Generation ends by EOS, allowed only after a complete call, so ``tool_calls`` /
+``tool_use`` is reported exactly when a call was parsed; a call cut off by ``max_tokens`` ends
+with ``length`` / ``max_tokens``.
 """
 
 from __future__ import annotations
@@ -34,13 +35,15 @@ _EMPTY_SCHEMA = {"type": "object", "properties": {}}
 
 
 def call_form(template: object) -> str:
-    """The tool-call form a chat template teaches: ``"xml"`` when its source writes
-    ``<function=`` (Qwen3.5 / Qwen3-Coder), ``"glm"`` when it writes ``<arg_key>`` (GLM-4.5),
-    else ``"json"`` (Qwen3 / Qwen3-Next / Hermes; also for templates without a ``source``, such
-    as stand-ins)."""
+    """The tool-call form a chat template teaches: ``"harmony"`` when its source writes
+    ``<|channel|>`` (gpt-oss), ``"xml"`` when it writes ``<function=`` (Qwen3.5 / Qwen3-Coder),
+    ``"glm"`` when it writes ``<arg_key>`` (GLM-4.5), else ``"json"`` (Qwen3 / Qwen3-Next /
+    Hermes; also for templates without a ``source``, such as stand-ins)."""
     source = getattr(template, "source", None)
     if not isinstance(source, str):
         return "json"
+    if "<|channel|>" in source:
+        return "harmony"
     if "<function=" in source:
         return "xml"
     return "glm" if "<arg_key>" in source else "json"

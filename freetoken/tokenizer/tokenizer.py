@@ -26,11 +26,14 @@ def _token_content(value: object) -> str | None:
 
 
 # Reasoning and tool-call tags the output parsers read in generated text. Qwen tokenizers mark
-# them non-special; GLM-4.5 marks them special, so a "skip special tokens" rule alone would drop
-# them from the text and lose the calls.
+# them non-special; GLM-4.5 marks them special, and so does gpt-oss for the harmony tokens that
+# frame its messages (channel, recipient, end of message), so a "skip special tokens" rule alone
+# would drop them from the text and lose the reasoning split and the calls.
 MARKUP_TOKENS = frozenset({
     "<think>", "</think>", "<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>",
     "<arg_value>", "</arg_value>",
+    "<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>", "<|call|>",
+    "<|return|>",
 })
 
 

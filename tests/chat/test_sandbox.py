@@ -155,7 +155,7 @@ def test_for_model_unknown_type_is_a_value_error():
         ChatTemplate.for_model(None, "llama")
     assert str(err.value) == (
         "no chat template for model_type 'llama': the checkpoint has none and templates/llama.jinja "
-        "does not exist (available: glm4_moe, qwen3_5_moe, qwen3_moe, qwen3_next)"
+        "does not exist (available: glm4_moe, gpt_oss, qwen3_5_moe, qwen3_moe, qwen3_next)"
     )
     with pytest.raises(ValueError) as err:
         ChatTemplate.for_model(None, "../qwen3_moe")

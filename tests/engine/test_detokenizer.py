@@ -158,3 +158,17 @@ def test_markup_tags_a_tokenizer_flags_special_stay_in_the_text(tiny_checkpoint)
     assert isinstance(detok, ByteLevelDetokenizer)
     out = "".join(detok.add(i) for i in ids) + detok.flush()
     assert out == "<think>x</think>" + text
+
+
+def test_harmony_tokens_stay_in_the_text(harmony_tokenizer) -> None:
+    """gpt-oss flags its harmony tokens special: the ones that frame messages still reach the
+    text (HarmonyParser reads them), <|startoftext|> / <|endoftext|> / <|endofprompt|> do not."""
+    tok = harmony_tokenizer
+    text = ("<|channel|>analysis<|message|>x<|end|><|start|>assistant<|channel|>commentary "
+            'to=functions.f <|constrain|>json<|message|>{"a":1}<|call|><|return|>')
+    ids = tok.encode("<|startoftext|>" + text + "<|endofprompt|><|endoftext|>")
+    assert tok.token_to_id("<|channel|>") not in tok.special_ids
+    assert tok.token_to_id("<|endoftext|>") in tok.special_ids
+    detok = DetokenizerFactory(tok)()
+    assert isinstance(detok, ByteLevelDetokenizer)
+    assert "".join(detok.add(i) for i in ids) + detok.flush() == text

@@ -150,8 +150,9 @@ class RealServer:
         max_model_len: int = 4096,
         max_output_tokens: int = 256,
         model_type: str = "qwen3_next",
+        engine: FakeEngine | None = None,
     ) -> None:
-        self.engine = FakeEngine(max_model_len=max_model_len, model_type=model_type)
+        self.engine = engine or FakeEngine(max_model_len=max_model_len, model_type=model_type)
         config = ServerConfig(served_model_name="tiny", max_output_tokens=max_output_tokens)
         self.live = LiveServer(create_app(self.engine, config))
         self.http = httpx.Client(base_url=self.live.base_url, timeout=10)

@@ -83,15 +83,22 @@ class FakeEngine(EngineClient):
 
     DEFAULT_TEXT = "Hello from FreeToken."
 
-    def __init__(self, max_model_len: int = 4096, model_type: str = "fake") -> None:
-        self.tokenizer = Tokenizer.from_pretrained(ASSETS_DIR / "tokenizer")
-        self.eos_id = self.tokenizer.token_to_id(IM_END)
+    def __init__(self, max_model_len: int = 4096, model_type: str = "fake",
+                 tokenizer: Tokenizer | None = None) -> None:
+        """``tokenizer``: another model's tokenizer (its EOS ids are the engine's, the first one
+        ends every script); default the committed one, ending on ``<|im_end|>``."""
+        if tokenizer is None:
+            self.tokenizer = Tokenizer.from_pretrained(ASSETS_DIR / "tokenizer")
+            eos = (self.tokenizer.token_to_id(IM_END),)
+        else:
+            self.tokenizer, eos = tokenizer, tokenizer.eos_token_ids
+        self.eos_id = eos[0]
         self.info = EngineInfo(
             model_path="fake",
             model_type=model_type,
             max_model_len=max_model_len,
             vocab_size=self.tokenizer.vocab_size,
-            eos_token_ids=(self.eos_id,),
+            eos_token_ids=eos,
         )
         self.healthy = True
         self.scripts: deque[Script] = deque()
@@ -207,18 +214,21 @@ class ChatMLStandIn:
 
     ``enable_thinking=True`` opens ``<think>\\n`` in the generation prompt, ``False`` writes an
     empty think block, None writes neither. A message whose content is ``__template_error__``
-    makes it raise ``jinja2.TemplateError`` (as a template's ``raise_exception`` would).
+    makes it raise ``jinja2.TemplateError`` (as a template's ``raise_exception`` would). Other
+    template variables (``reasoning_effort``) are recorded, not rendered.
     """
 
     def __init__(self) -> None:
         self.calls: list[dict] = []
 
-    def render(self, messages, tools=None, add_generation_prompt=True, enable_thinking=None) -> str:
+    def render(self, messages, tools=None, add_generation_prompt=True, enable_thinking=None,
+               **template_kwargs) -> str:
         self.calls.append(
             {
                 "messages": copy.deepcopy(messages),
                 "tools": copy.deepcopy(tools),
                 "enable_thinking": enable_thinking,
+                "kwargs": dict(template_kwargs),
             }
         )
         out = []
