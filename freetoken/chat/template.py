@@ -21,6 +21,7 @@ from freetoken.chat.messages import MessageFormatError, normalize_messages, norm
 from freetoken.chat.sandbox import TemplateRaised, make_environment
 
 _MODEL_TYPE = re.compile(r"[a-z0-9][a-z0-9_]*")
+BUNDLED_FIRST = frozenset({"gpt_oss"})  # families served with templates/<model_type>.jinja
 
 
 class TemplateError(ValueError):
@@ -86,6 +87,11 @@ class ChatTemplate:
     def for_model(cls, checkpoint_template: str | None, model_type: str, **options: Any) -> "ChatTemplate":
         """The checkpoint's own template when present, else ``templates/<model_type>.jinja``.
 
+        gpt-oss always takes the bundled harmony template (:data:`BUNDLED_FIRST`): the
+        released one reads reasoning from ``thinking`` (the API messages carry
+        ``reasoning_content``) and refuses an assistant message holding both text and reasoning,
+        which agent histories contain.
+
         Args:
             checkpoint_template: the template shipped with the checkpoint
                 (``Tokenizer.chat_template``), or None / ``""`` when it has none.
@@ -96,7 +102,7 @@ class ChatTemplate:
             ValueError: no checkpoint template and no ``templates/<model_type>.jinja``.
             TemplateError: the chosen template does not compile.
         """
-        if checkpoint_template:
+        if checkpoint_template and model_type not in BUNDLED_FIRST:
             return cls(checkpoint_template, name="checkpoint", **options)
         if not isinstance(model_type, str) or not _MODEL_TYPE.fullmatch(model_type):
             raise ValueError(f"invalid model_type {model_type!r} for a chat template")

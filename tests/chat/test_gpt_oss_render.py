@@ -317,3 +317,9 @@ def test_same_text_as_transformers(bash_tool, effort, with_tools):
     ours = ChatTemplate(source, flatten_text_parts=False).render(messages, tools=tools, **effort,
                                                                  **DATE)
     assert ours == expected
+
+
+def test_gpt_oss_takes_the_bundled_template_over_the_checkpoints() -> None:
+    released = "{{ messages[0].thinking }}"  # stands for the release's own template
+    assert ChatTemplate.for_model(released, "gpt_oss").name == "gpt_oss"
+    assert ChatTemplate.for_model(released, "qwen3_next").name == "checkpoint"

@@ -22,7 +22,7 @@ from .tap import Tap
 
 MAX_OUTPUT_TOKENS = 48
 # Families besides the default one that each client must also complete a turn against.
-FAMILIES = ("qwen3_5_moe", "glm4_moe")
+FAMILIES = ("qwen3_5_moe", "glm4_moe", "gpt_oss")
 _ARTIFACTS: list[Path] = []
 
 
