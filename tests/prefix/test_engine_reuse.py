@@ -218,3 +218,22 @@ def test_recorded_reply_reuses_up_to_the_generation_thinking_opener() -> None:
     warm = serve(engine, p2, key=1)
     assert warm[-1].cached_tokens == lcp
     assert ids(warm) == ids(serve(make_engine(ARCH), p2, key=0))
+
+
+@pytest.mark.parametrize("edit", sorted(EDITS))
+def test_attention_only_gpt_oss_reuses_the_common_token_prefix(edit: str) -> None:
+    """gpt-oss has no recurrent state: after any edit the radix tree reuses every token up to
+    the first that differs (all but the last of an identical prompt), across its sliding-window
+    layers too, and the tokens equal a cold run."""
+    first, second = EDITS[edit]()
+    _, p1 = render("gpt_oss", first)
+    _, p2 = render("gpt_oss", second)
+    common = next((i for i, (a, b) in enumerate(zip(p1, p2)) if a != b), min(len(p1), len(p2)))
+    want = min(common, len(p2) - 1)
+    engine = make_engine("gpt_oss", anchors=ALL)
+    serve(engine, p1, key=0)
+    warm = serve(engine, p2, key=1)
+    assert warm[-1].cached_tokens == want
+    cold = serve(make_engine("gpt_oss", anchors=ALL), p2, key=0)
+    assert cold[-1].cached_tokens == 0
+    assert ids(warm) == ids(cold)
