@@ -48,6 +48,7 @@ import re
 from freetoken.parsers.events import ParserEvent, ReasoningDelta, TextDelta, ToolCallEvent, coalesce
 from freetoken.parsers.schema import coerce_json_argument, finite_float, tool_parameter_schemas
 from freetoken.parsers.toolcall import scrub_surrogates
+from freetoken.parsers.stream import StreamParser
 
 START, END, MESSAGE, CHANNEL = "<|start|>", "<|end|>", "<|message|>", "<|channel|>"
 CONSTRAIN, CALL, RETURN = "<|constrain|>", "<|call|>", "<|return|>"
@@ -115,7 +116,7 @@ def _refuse_constant(name: str) -> object:
     raise ValueError(f"{name} is not a JSON value")
 
 
-class HarmonyParser:
+class HarmonyParser(StreamParser):
     """Incremental parser of one gpt-oss answer (rules in the module docstring).
 
     Same interface as :class:`freetoken.parsers.output.OutputParser`.
@@ -133,43 +134,11 @@ class HarmonyParser:
         del in_reasoning
         self._schemas = tool_parameter_schemas(tools)
         self._parse_tools = parse_tools
-        self._buf = ""
+        super().__init__()
         self._state = _START
         self._kind = _TEXT
         self._name = ""
         self._scan = 0  # where the next search for a format token starts in _buf
-        self._calls = 0
-        self._finished = False
-
-    def feed(self, text: str) -> list[ParserEvent]:
-        """Add generated text; returns the events that are now certain.
-
-        Raises:
-            TypeError: ``text`` is not a string.
-            RuntimeError: called after :meth:`finish`.
-        """
-        if not isinstance(text, str):
-            raise TypeError(f"feed() takes a str, got {type(text).__name__}")
-        if self._finished:
-            raise RuntimeError("HarmonyParser.feed() called after finish()")
-        self._buf += text
-        return self._drain(final=False)
-
-    def finish(self) -> list[ParserEvent]:
-        """End of output: flush held text, settle an unterminated message.
-
-        Raises:
-            RuntimeError: called twice.
-        """
-        if self._finished:
-            raise RuntimeError("HarmonyParser.finish() called twice")
-        self._finished = True
-        return self._drain(final=True)
-
-    @property
-    def num_tool_calls(self) -> int:
-        """Number of ToolCallEvents emitted so far."""
-        return self._calls
 
     def _drain(self, final: bool) -> list[ParserEvent]:
         out: list[ParserEvent] = []

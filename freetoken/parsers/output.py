@@ -39,6 +39,7 @@ import re
 from freetoken.parsers.events import ParserEvent, ReasoningDelta, TextDelta, ToolCallEvent, coalesce
 from freetoken.parsers.schema import tool_parameter_schemas
 from freetoken.parsers.toolcall import FUNC_OPEN, TOOL_CLOSE, TOOL_OPEN, CallScanner, scrub_surrogates
+from freetoken.parsers.stream import StreamParser
 
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
@@ -70,7 +71,7 @@ def prompt_opens_reasoning(prompt: str) -> bool:
     return opened >= 0 and turn.find(THINK_CLOSE, opened) < 0
 
 
-class OutputParser:
+class OutputParser(StreamParser):
     """Incremental parser of one generated answer (rules in the module docstring).
 
     Args:
@@ -85,7 +86,7 @@ class OutputParser:
         tags = (THINK_OPEN, THINK_CLOSE) + ((TOOL_OPEN, TOOL_CLOSE, FUNC_OPEN) if parse_tools else ())
         self._tags = tags
         self._tag_re = re.compile("|".join(re.escape(t) for t in tags))
-        self._buf = ""
+        super().__init__()
         self._mode = _REASONING if in_reasoning else _TEXT
         self._fresh = in_reasoning  # at the start of a think block: drop newlines and a repeated <think>
         # drop newlines (at the start of the output, after </think> or after a tool call)
@@ -93,38 +94,6 @@ class OutputParser:
         self._held_nl = ""  # newlines removed before a call opener, given back if the call is malformed
         self._opener = ""
         self._scanner: CallScanner | None = None
-        self._calls = 0
-        self._finished = False
-
-    def feed(self, text: str) -> list[ParserEvent]:
-        """Add generated text; returns the events that are now certain.
-
-        Raises:
-            TypeError: ``text`` is not a string.
-            RuntimeError: called after :meth:`finish`.
-        """
-        if not isinstance(text, str):
-            raise TypeError(f"feed() takes a str, got {type(text).__name__}")
-        if self._finished:
-            raise RuntimeError("OutputParser.feed() called after finish()")
-        self._buf += text
-        return self._drain(final=False)
-
-    def finish(self) -> list[ParserEvent]:
-        """End of output: flush held text, settle an unterminated call or think block.
-
-        Raises:
-            RuntimeError: called twice.
-        """
-        if self._finished:
-            raise RuntimeError("OutputParser.finish() called twice")
-        self._finished = True
-        return self._drain(final=True)
-
-    @property
-    def num_tool_calls(self) -> int:
-        """Number of ToolCallEvents emitted so far."""
-        return self._calls
 
     def _drain(self, final: bool) -> list[ParserEvent]:
         out: list[ParserEvent] = []
