@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from freetoken.models.config_gpt_oss import YarnRope, gpt_oss_fields, refuse_mxfp4_parts
+from freetoken.models.config_gpt_oss import YarnRope, gpt_oss_fields
 
 # architectures[0] -> model_type the engine implements.
 SUPPORTED_ARCHITECTURES: dict[str, str] = {
@@ -251,10 +251,7 @@ class ModelConfig:
             )
         config = _text_config(config) if model_type == "qwen3_5_moe" else config
         oss = model_type == "gpt_oss"
-        if oss:
-            refuse_mxfp4_parts(config)
-        else:
-            _refuse_quantized(config)
+        _refuse_quantized(config, oss)
         model_type = FAMILY_OF_MODEL_TYPE.get(model_type, model_type)
         qwen3_5, glm = model_type == "qwen3_5_moe", model_type == "glm4_moe"
         r = _Reader(config)
@@ -428,16 +425,23 @@ def _text_config(config: dict) -> dict:
     return flat
 
 
-def _refuse_quantized(config: dict) -> None:
+def _refuse_quantized(config: dict, gpt_oss: bool) -> None:
     """A ``quantization_config`` the loader cannot read is refused before anything is loaded.
 
     Served: FP8 block quantisation (``quant_method: "fp8"``, e4m3 values, ``weight_block_size``
-    blocks, dynamic activations: the official -FP8 releases), dequantised as it is read.
+    blocks, dynamic activations: the official -FP8 releases), dequantised as it is read; for
+    gpt-oss its released MXFP4 experts (``"mxfp4"``) only.
     """
     quant = config.get("quantization_config")
     if quant is None:
         return
     method = quant.get("quant_method") if isinstance(quant, dict) else quant
+    if gpt_oss:
+        if method != "mxfp4":
+            raise ValueError(f"config.json: quantised gpt_oss checkpoints (quant_method "
+                             f"{method!r}) are not served (served: the released 'mxfp4' "
+                             f"experts, or bf16)")
+        return
     if method != "fp8":
         raise ValueError(f"config.json: quantised checkpoints (quant_method {method!r}) are not "
                          f"served yet (served: 'fp8' block quantisation); use the bf16 release "

@@ -109,19 +109,3 @@ def gpt_oss_fields(config: dict, r, layers: int) -> dict:
         "router_bias": True,
         "router_scoring": "topk_softmax",
     }
-
-
-def refuse_mxfp4_parts(config: dict) -> None:
-    """gpt-oss serves its released MXFP4 experts or plain weights; any other
-    ``quantization_config`` is refused before loading.
-
-    Raises:
-        ValueError: a method other than ``mxfp4``.
-    """
-    quant = config.get("quantization_config")
-    if quant is None:
-        return
-    method = quant.get("quant_method") if isinstance(quant, dict) else quant
-    if method != "mxfp4":
-        raise ValueError(f"config.json: quantised gpt_oss checkpoints (quant_method {method!r}) "
-                         f"are not served (served: the released 'mxfp4' experts, or bf16)")
