@@ -1,5 +1,5 @@
 // AVX2 decode of 4-bit codes through a 16-entry table (freetoken/nibble.h ByteLut), shared by the
-// AVX2 kernels of the 4-bit formats (rows_q4_avx2.cpp: mxfp4, q4g).
+// AVX2 kernels of the 4-bit formats (rows_q4_avx2.cpp: mxfp4, q4g; rows_nvfp4_avx2.cpp).
 //
 // Decode of a 32-column block (16 bytes of codes, low nibble = even column), 13 vector ops:
 // one vbroadcasti128 puts the 16 bytes in both 128-bit lanes; vpsrlvd shifts the upper lane by 4
@@ -44,6 +44,13 @@ static inline void decode32_lanes(__m256i raw, __m256i lut_lo, __m256i lut_hi, _
 // 16 code bytes at p (32 columns).
 static inline void decode32(const uint8_t* p, __m256i lut_lo, __m256i lut_hi, __m256 f[4]) {
   decode32_lanes(lut_lanes(p), lut_lo, lut_hi, f);
+}
+
+// 8 code bytes at p (16 columns, read no further): f[0], f[1] as decode32's; f[2], f[3] hold
+// the table value of code 0.
+static inline void decode16(const uint8_t* p, __m256i lut_lo, __m256i lut_hi, __m256 f[4]) {
+  const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  decode32_lanes(_mm256_broadcastsi128_si256(b), lut_lo, lut_hi, f);
 }
 
 static inline float hsum8(__m256 v) {
