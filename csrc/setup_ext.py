@@ -20,9 +20,12 @@ ISA_FLAGS = {
     "rows_dot_avx2": ["-mavx2", "-mfma", "-mf16c"],
     "rows_q4_avx2": ["-mavx2", "-mfma", "-mf16c"],
     "rows_q8_avx2": ["-mavx2", "-mfma", "-mf16c"],
+    "rows_fp8_avx2": ["-mavx2", "-mfma", "-mf16c"],
+    "rows_nvfp4_avx2": ["-mavx2", "-mfma", "-mf16c"],
     "decode_avx2": ["-mavx2", "-mfma", "-mf16c"],
     "decode_avx512": ["-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl"],
     "rows_dot_avx512": ["-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl"],
+    "rows_fp8_avx512": ["-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl"],
     "rows_dot_avx512_bf16": ["-mavx2", "-mfma", "-mavx512f", "-mavx512bw", "-mavx512vl",
                              "-mavx512bf16"],
 }

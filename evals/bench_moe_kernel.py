@@ -1,7 +1,8 @@
 """MoE benchmark item 1: CPU expert kernel bandwidth per weight format vs this machine's memory.
 
 At decode shapes (1 token routed to top-k distinct experts drawn afresh each call from N, so the
-experts' weights come from DRAM, not cache), for each weight format (bf16, fp32, mxfp4, q4g) and
+experts' weights come from DRAM, not cache), for each weight format (bf16, fp32, mxfp4, q4g, fp8
+with 128 x 128 blocks, nvfp4) and
 each ISA variant of the kernel, plus a plain torch per-expert baseline (dequantise the expert,
 then two ``F.linear``), it reports the effective bandwidth: bytes of expert weights the call must
 read (codes + scales + zero points of every distinct routed expert, once) per second of its median
@@ -44,7 +45,8 @@ from freetoken.ops.cpu_moe.rounding import bf16_accumulation_error, q8_accumulat
 # name: (H, I, N flat experts, top-k). "small" is the small preset (64 experts x 12 layers).
 SHAPES = {"small": (1024, 256, 64 * 12, 8), "large": (2048, 768, 128, 8)}
 # "+q8": int8 activations; "+bf16": bf16 activations.
-FORMATS = ("bf16", "fp32", "mxfp4", "q4g", "mxfp4+q8", "q4g+q8", "bf16+bf16")
+FORMATS = ("bf16", "fp32", "mxfp4", "q4g", "fp8", "nvfp4", "mxfp4+q8", "q4g+q8", "bf16+bf16")
+FP8_BLOCK = (128, 128)
 
 
 def _median_s(fn: Callable[[], object], iters: int) -> float:
@@ -68,22 +70,33 @@ def memory_bandwidth(mib: int = 512, iters: int = 7) -> tuple[float, float]:
 
 
 def random_banks(fmt: str, n: int, h: int, i: int, seed: int = 0) -> ExpertBankView:
-    """Banks of random weights stored directly in ``fmt`` (4-bit: random codes, realistic scales;
-    q4g symmetric, groups of 32), without a float copy of the whole set."""
+    """Banks of random weights stored directly in ``fmt`` (quantised: random codes, realistic
+    scales; q4g symmetric, groups of 32; fp8 without NaN codes), without a float copy of the
+    whole set."""
     g = torch.Generator().manual_seed(seed)
 
     def bank(rows: int, cols: int) -> tuple[torch.Tensor, ...]:
         if fmt in ("bf16", "fp32"):
             dt = torch.bfloat16 if fmt == "bf16" else torch.float32
             return ((torch.randn(n, rows, cols, generator=g) / cols**0.5).to(dt),)
+        if fmt == "fp8":
+            codes = torch.randint(0, 256, (n, rows, cols), generator=g, dtype=torch.uint8)
+            codes[(codes & 0x7F) == 0x7F] = 0x38
+            grid = (n, -(-rows // FP8_BLOCK[0]), -(-cols // FP8_BLOCK[1]))
+            return codes.view(torch.float8_e4m3fn), torch.rand(grid, generator=g) * 1e-3 + 1e-4
         codes = torch.randint(0, 256, (n, rows, cols // 2), generator=g, dtype=torch.uint8)
+        if fmt == "nvfp4":
+            scales = torch.randint(0x30, 0x48, (n, rows, cols // 16), generator=g,
+                                   dtype=torch.uint8).view(torch.float8_e4m3fn)
+            return codes, scales, torch.rand(n, rows, generator=g) * 1e-2 + 1e-3
         if fmt == "mxfp4":
             scales = torch.randint(118, 122, (n, rows, cols // 32), generator=g, dtype=torch.uint8)
             return codes.view(n, rows, cols // 32, 16), scales
         scales = (torch.rand(n, rows, cols // 32, generator=g) * 0.01 + 0.005).half()
         return codes, scales
 
-    return ExpertBankView(fmt, bank(2 * i, h), bank(h, i), n, h, i)
+    return ExpertBankView(fmt, bank(2 * i, h), bank(h, i), n, h, i,
+                          block_size=FP8_BLOCK if fmt == "fp8" else None)
 
 
 def torch_per_expert(x, tok, ids, w, banks: ExpertBankView) -> torch.Tensor:
@@ -98,8 +111,10 @@ def torch_per_expert(x, tok, ids, w, banks: ExpertBankView) -> torch.Tensor:
         if dense:
             gu_w, dn_w = banks.gate_up[0][e], banks.down[0][e]
         else:
-            gu_w = dequantize_bank(banks.format, tuple(t[e : e + 1] for t in banks.gate_up))[0]
-            dn_w = dequantize_bank(banks.format, tuple(t[e : e + 1] for t in banks.down))[0]
+            gu_w = dequantize_bank(banks.format, tuple(t[e : e + 1] for t in banks.gate_up),
+                                   block_size=banks.block_size)[0]
+            dn_w = dequantize_bank(banks.format, tuple(t[e : e + 1] for t in banks.down),
+                                   block_size=banks.block_size)[0]
         gu = F.linear(xd[tok[sel]], gu_w)  # [n, 2I]
         y = F.linear(F.silu(gu[:, :i]) * gu[:, i:], dn_w)  # [n, H]
         out.index_add_(0, tok[sel], y.float() * w[sel, None])

@@ -6,9 +6,12 @@
 
 #include <pybind11/pybind11.h>
 
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "freetoken/fp8.h"
 #include "freetoken/moe.h"
 #include "tensor_arg.h"
 
@@ -26,29 +29,120 @@ inline WeightFormat parse_format(const std::string& name) {
   if (name == "fp32") return WeightFormat::kFp32;
   if (name == "mxfp4") return WeightFormat::kMxfp4;
   if (name == "q4g") return WeightFormat::kQ4g;
+  if (name == "fp8") return WeightFormat::kFp8;
+  if (name == "nvfp4") return WeightFormat::kNvfp4;
   throw py::value_error("unknown expert bank format '" + name +
-                        "'; expected one of: bf16, fp32, mxfp4, q4g");
+                        "'; expected one of: bf16, fp32, mxfp4, q4g, fp8, nvfp4");
+}
+
+// The fp8 block shape (rows, cols) of a bank set: given for fp8 banks only.
+using BlockSize = std::optional<std::pair<int64_t, int64_t>>;
+
+inline std::string block_str(const std::pair<int64_t, int64_t>& b) {
+  return "(" + std::to_string(b.first) + ", " + std::to_string(b.second) + ")";
+}
+
+// fp8: (values [N, R, C] float8_e4m3fn, scales [N, ceil(R/bm), ceil(C/bn)] float32).
+inline BankArg check_fp8_bank(const py::tuple& tensors, const std::string& name,
+                              const char* layout, const BlockSize& block) {
+  if (!block) {
+    throw py::value_error("fp8 expert banks need block_size (bm, bn): the rows and columns "
+                          "of one scale block (the checkpoint's weight_block_size)");
+  }
+  if (block->first < 1 || block->second < 1) {
+    throw py::value_error("block_size must be two positive integers (bm, bn), got " +
+                          block_str(*block));
+  }
+  const std::string values_name = name + "_values", scales_name = name + "_scales";
+  TensorArg v = check_tensor(tensors[0], values_name.c_str(), layout, 3, {"float8_e4m3fn"});
+  TensorArg sc = check_tensor(tensors[1], scales_name.c_str(), "[N, ceil(R/bm), ceil(C/bn)]", 3,
+                              {"float32"});
+  const std::vector<int64_t> want = {v.shape[0], ceil_div(v.shape[1], block->first),
+                                     ceil_div(v.shape[2], block->second)};
+  if (sc.shape != want) {
+    throw py::value_error(scales_name + " " + shape_str(sc.shape) + " does not match " +
+                          values_name + " " + shape_str(v.shape) + " with block_size " +
+                          block_str(*block) + ": expected [N, ceil(R/bm), ceil(C/bn)] = " +
+                          shape_str(want));
+  }
+  BankArg b;
+  b.bank.format = WeightFormat::kFp8;
+  b.bank.values = v.data;
+  b.bank.scales = sc.data;
+  b.bank.block_rows = block->first;
+  b.bank.block_cols = block->second;
+  b.keep = {v.obj, sc.obj};
+  b.logical = v.shape;
+  return b;
+}
+
+// nvfp4: (packed [N, R, C/2] uint8, scales [N, R, C/16] float8_e4m3fn, global [N, R] float32).
+inline BankArg check_nvfp4_bank(const py::tuple& tensors, const std::string& name) {
+  const std::string packed_name = name + "_packed", scales_name = name + "_scales";
+  const std::string global_name = name + "_global";
+  TensorArg pk = check_tensor(tensors[0], packed_name.c_str(), "[N, R, C/2]", 3, {"uint8"});
+  TensorArg sc = check_tensor(tensors[1], scales_name.c_str(), "[N, R, C/16]", 3,
+                              {"float8_e4m3fn"});
+  TensorArg gl = check_tensor(tensors[2], global_name.c_str(), "[N, R]", 2, {"float32"});
+  const int64_t n = pk.shape[0], rows = pk.shape[1], cols = pk.shape[2] * 2;
+  if (cols % 16 != 0) {
+    throw py::value_error(packed_name + " " + shape_str(pk.shape) + " holds C = " +
+                          std::to_string(cols) + " columns, which is not a multiple of 16 "
+                          "(the NVFP4 scale group)");
+  }
+  if (sc.shape != std::vector<int64_t>{n, rows, cols / 16}) {
+    throw py::value_error(scales_name + " " + shape_str(sc.shape) + " does not match " +
+                          packed_name + " " + shape_str(pk.shape) + ": expected [N, R, C/16] = " +
+                          shape_str({n, rows, cols / 16}));
+  }
+  if (gl.shape != std::vector<int64_t>{n, rows}) {
+    throw py::value_error(global_name + " " + shape_str(gl.shape) + " does not match " +
+                          packed_name + " " + shape_str(pk.shape) + ": expected [N, R] = " +
+                          shape_str({n, rows}));
+  }
+  BankArg b;
+  b.bank.format = WeightFormat::kNvfp4;
+  b.bank.values = pk.data;
+  b.bank.scales = sc.data;
+  b.bank.row_scales = static_cast<const float*>(gl.data);
+  b.bank.group = 16;
+  b.keep = {pk.obj, sc.obj, gl.obj};
+  b.logical = {n, rows, cols};
+  return b;
 }
 
 // Checks the tensors of bank `name` ("gate_up" [N, 2I, H] or "down" [N, H, I]) stored in `format`:
 //   bf16 / fp32: (values [N, R, C] bfloat16 / float32,)
 //   mxfp4:       (blocks [N, R, C/32, 16] uint8, scales [N, R, C/32] uint8)
 //   q4g:         (packed [N, R, C/2] uint8, scales [N, R, C/G] float16[, zeros [N, R, C/G] uint8])
+//   fp8:         (values [N, R, C] float8_e4m3fn, scales [N, ceil(R/bm), ceil(C/bn)] float32),
+//                with block_size (bm, bn); block_size must be empty for every other format
+//   nvfp4:       (packed [N, R, C/2] uint8, scales [N, R, C/16] float8_e4m3fn,
+//                global [N, R] float32)
 // Raises TypeError / ValueError (messages start with the tensor's name).
 inline BankArg check_bank(const std::string& format_name, const py::tuple& tensors,
-                          const std::string& name, const char* layout) {
+                          const std::string& name, const char* layout,
+                          const BlockSize& block = std::nullopt) {
   const WeightFormat format = parse_format(format_name);
   const size_t count = tensors.size();
   const bool dense = format == WeightFormat::kBf16 || format == WeightFormat::kFp32;
-  const size_t lo = dense ? 1 : 2, hi = format == WeightFormat::kQ4g ? 3 : lo;
+  const size_t lo = dense ? 1 : format == WeightFormat::kNvfp4 ? 3 : 2;
+  const size_t hi = format == WeightFormat::kQ4g ? 3 : lo;
   if (count < lo || count > hi) {
-    const char* expected = dense ? "(values,)"
-                           : format == WeightFormat::kMxfp4
-                               ? "(blocks, scales)"
+    const char* expected = dense                           ? "(values,)"
+                           : format == WeightFormat::kMxfp4 ? "(blocks, scales)"
+                           : format == WeightFormat::kFp8   ? "(values, scales)"
+                           : format == WeightFormat::kNvfp4 ? "(packed, scales, global)"
                                : "(packed, scales) or (packed, scales, zeros)";
     throw py::value_error(format_name + " " + name + " takes " + expected + ", got " +
                           std::to_string(count) + " tensors");
   }
+  if (block && format != WeightFormat::kFp8) {
+    throw py::value_error("block_size " + block_str(*block) + " applies to fp8 banks only, got "
+                          "format " + format_name);
+  }
+  if (format == WeightFormat::kFp8) return check_fp8_bank(tensors, name, layout, block);
+  if (format == WeightFormat::kNvfp4) return check_nvfp4_bank(tensors, name);
   BankArg b;
   b.bank.format = format;
   if (dense) {

@@ -129,6 +129,11 @@ class MoeHandle {
 Activations parse_activations(const std::string& activations, WeightFormat format,
                               const std::string& format_name) {
   if (activations == "fp32") return Activations::kFp32;
+  if ((format == WeightFormat::kFp8 || format == WeightFormat::kNvfp4) &&
+      (activations == "q8" || activations == "bf16")) {
+    throw py::value_error("activations='" + activations + "' is not supported with " +
+                          format_name + " expert banks (they take activations='fp32')");
+  }
   if (activations == "q8") {
     if (format != WeightFormat::kMxfp4 && format != WeightFormat::kQ4g) {
       throw py::value_error("activations='q8' needs 4-bit expert banks (mxfp4 or q4g), got " +
@@ -282,11 +287,11 @@ std::unique_ptr<MoeHandle> submit_banks(const py::handle& x, const py::handle& t
                                         const py::object& gate_up_bias,
                                         const py::object& down_bias,
                                         std::optional<double> swiglu_limit,
-                                        double swiglu_alpha) {
+                                        double swiglu_alpha, const BlockSize& block_size) {
   return submit_checked(x, token_ids, expert_ids, weights,
-                        check_bank(format, gate_up, "gate_up", "[N, 2I, H]"),
-                        check_bank(format, down, "down", "[N, H, I]"), isa, format, activations,
-                        {gate_up_bias, down_bias, swiglu_limit, swiglu_alpha});
+                        check_bank(format, gate_up, "gate_up", "[N, 2I, H]", block_size),
+                        check_bank(format, down, "down", "[N, H, I]", block_size), isa, format,
+                        activations, {gate_up_bias, down_bias, swiglu_limit, swiglu_alpha});
 }
 
 // out [T, R] fp32 = x [T, C] @ w [R, C]^T (dense bf16 / fp32 w), blocking, GIL released; queued
@@ -356,7 +361,9 @@ void bind_moe(py::module_& m) {
         py::kw_only(), py::arg("isa") = py::none(), py::arg("activations") = "fp32",
         py::arg("gate_up_bias") = py::none(), py::arg("down_bias") = py::none(),
         py::arg("swiglu_limit") = py::none(), py::arg("swiglu_alpha") = 1.702,
-        "submit() for banks in any format: gate_up / down are tuples of tensors (bank_args.h).");
+        py::arg("block_size") = py::none(),
+        "submit() for banks in any format: gate_up / down are tuples of tensors (bank_args.h); "
+        "block_size (bm, bn): the fp8 scale block, fp8 banks only.");
   m.def("linear", &linear, py::arg("x"), py::arg("w"), py::arg("isa") = py::none(),
         "Dense linear at decode sizes: x [T, C] fp32/bf16 @ w [R, C]^T (bf16 or fp32, "
         "contiguous CPU) -> [T, R] fp32, on the kernel's pool (blocking, GIL released).");

@@ -60,7 +60,7 @@ inline const TorchRefs& torch_refs() {
     r->tensor_type = torch.attr("Tensor");
     r->empty = torch.attr("empty");
     r->float32 = torch.attr("float32");
-    for (const char* name : {"float32", "bfloat16", "float16", "int64", "uint8"}) {
+    for (const char* name : {"float32", "bfloat16", "float16", "int64", "uint8", "float8_e4m3fn"}) {
       r->dtypes.emplace_back(torch.attr(name), name);
     }
     r->is_cpu = interned("is_cpu");

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cstring>
 #include <stdexcept>
+#include <string>
 
 namespace freetoken {
 
@@ -103,6 +104,7 @@ enum KernelId : int {
   kBf16Scalar, kF32Scalar, kQ4Scalar, kQ8Scalar,
   kBf16Avx2, kF32Avx2, kQ4Avx2, kQ8Avx2,
   kBf16Avx512, kF32Avx512, kBf16Dpbf16,
+  kFp8Scalar, kFp8Avx2, kNvfp4Scalar, kNvfp4Avx2, kFp8Avx512,
   kNumKernels,
 };
 
@@ -123,12 +125,28 @@ const std::vector<RowsKernel>& all_rows_kernels() {
       {kBf16Avx512, &rows_dot_bf16_avx512, VecLayout::kEvenOdd32, "bf16_avx512", Isa::kAvx512},
       {kF32Avx512, &rows_dot_f32_avx512, VecLayout::kNatural, "f32_avx512", Isa::kAvx512},
       {kBf16Dpbf16, &rows_dot_bf16_dpbf16, VecLayout::kNatural, "bf16_dpbf16", Isa::kAvx512Bf16},
+      {kFp8Scalar, &rows_dot_fp8_scalar, VecLayout::kNatural, "fp8_scalar", Isa::kScalar},
+      {kFp8Avx2, &rows_dot_fp8_avx2, VecLayout::kNatural, "fp8_avx2", Isa::kAvx2},
+      {kNvfp4Scalar, &rows_dot_nvfp4_scalar, VecLayout::kNatural, "nvfp4_scalar", Isa::kScalar},
+      {kNvfp4Avx2, &rows_dot_nvfp4_avx2, VecLayout::kNibble16, "nvfp4_avx2", Isa::kAvx2},
+      {kFp8Avx512, &rows_dot_fp8_avx512, VecLayout::kNatural, "fp8_avx512", Isa::kAvx512},
   };
   return kernels;
 }
 
 const RowsKernel& rows_kernel_for(Isa isa, WeightFormat format, Activations act) {
   const auto& k = all_rows_kernels();
+  if (format == WeightFormat::kFp8 || format == WeightFormat::kNvfp4) {
+    if (act != Activations::kFp32) {
+      throw std::invalid_argument(std::string(format == WeightFormat::kFp8 ? "fp8" : "nvfp4") +
+                                  " weights take fp32 activations only");
+    }
+    const bool scalar = isa == Isa::kScalar;
+    if (format == WeightFormat::kFp8) {
+      return k[scalar ? kFp8Scalar : isa == Isa::kAvx2 ? kFp8Avx2 : kFp8Avx512];
+    }
+    return k[scalar ? kNvfp4Scalar : kNvfp4Avx2];
+  }
   const bool q4 = format == WeightFormat::kMxfp4 || format == WeightFormat::kQ4g;
   if (act == Activations::kQ8) {
     if (!q4) throw std::invalid_argument("q8 activations need 4-bit weights (mxfp4 or q4g)");

@@ -28,6 +28,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "freetoken/fp8.h"
 #include "freetoken/q8.h"
 
 namespace freetoken {
@@ -82,6 +83,19 @@ RowsDotArgs expert_rows(const WeightBank& b, int64_t n, int64_t R, int64_t C, in
       a.group = b.group;
       break;
     }
+    case WeightFormat::kFp8:
+      a.w = base + n * R * C;
+      a.scales = static_cast<const float*>(b.scales) +
+                 n * ceil_div(R, b.block_rows) * ceil_div(C, b.block_cols);
+      a.block_rows = b.block_rows;
+      a.block_cols = b.block_cols;
+      break;
+    case WeightFormat::kNvfp4:
+      a.w = base + n * R * (C / 2);
+      a.scales = static_cast<const uint8_t*>(b.scales) + n * R * (C / 16);
+      a.row_scales = b.row_scales + n * R;
+      a.group = 16;
+      break;
   }
   return a;
 }
@@ -109,6 +123,17 @@ void prefetch_first_rows(const WeightBank& b, int64_t n, int64_t R, int64_t C, i
       if (a.zeros != nullptr) range(a.zeros, r0 * groups, rows * groups);
       break;
     }
+    case WeightFormat::kFp8: {
+      const int64_t blocks = ceil_div(C, b.block_cols);
+      range(a.w, r0 * C, rows * C);
+      range(a.scales, (r0 / b.block_rows) * blocks * 4, blocks * 4);
+      break;
+    }
+    case WeightFormat::kNvfp4:
+      range(a.w, r0 * (C / 2), rows * (C / 2));
+      range(a.scales, r0 * (C / 16), rows * (C / 16));
+      range(a.row_scales, r0 * 4, rows * 4);
+      break;
   }
 }
 

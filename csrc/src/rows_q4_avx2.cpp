@@ -1,12 +1,7 @@
 // AVX2 + FMA + F16C variant of rows_dot for the 4-bit formats (mxfp4, q4g).
 //
-// Decode of a 32-column block (16 bytes of codes, low nibble = even column), 13 vector ops:
-//   one vbroadcasti128 puts the 16 bytes in both 128-bit lanes; vpsrlvd shifts the upper lane by
-//   4 and one vpand leaves the 32 nibbles as bytes (lower lane: even columns, upper: odd ones);
-//   two vpshufb map them through the group's table held as the low and high bytes of each
-//   value's bf16 bit pattern (ByteLut, freetoken/nibble.h: every table value is a small integer,
-//   exact in bf16); vpunpck{l,h}bw join the bytes into 16 bf16 each, and since a bf16 is the top
-//   half of an fp32, vpslld 16 / vpand 0xFFFF0000 on those dwords give 4 x 8 fp32.
+// Decode of a 32-column block (16 bytes of codes, low nibble = even column): 13 vector ops
+//   through the group's table (ByteLut, freetoken/nibble.h), see nibble_avx2.h.
 // The values come out in VecLayout::kNibble16 order (0 4 8 12 1 5 9 13 2 6 10 14 3 7 11 15 in
 // each 16-column block), so the vectors are packed in that order once (moe.cpp) and no weight
 // is ever shuffled back into column order. Two schedules:
@@ -20,7 +15,8 @@
 //    the decode cost is shared by all vectors.
 // q4g zero points other than 8 select one of 256 constant tables (c - z, exact for any uint8 z).
 // Compiled with -mavx2 -mfma -mf16c only; called only when the CPU reports all three.
-// NOTE: no shared inline/template symbols here (see rows_dot_avx2.cpp): helpers are file-local.
+// NOTE: no shared inline/template symbols here (see rows_dot_avx2.cpp): helpers are file-local
+// (those of nibble_avx2.h are static).
 #include <immintrin.h>
 
 #include <cstdint>
@@ -28,6 +24,7 @@
 
 #include "freetoken/isa.h"
 #include "freetoken/nibble.h"
+#include "nibble_avx2.h"
 
 namespace freetoken {
 
@@ -60,10 +57,6 @@ Q4Args q4_args(const RowsDotArgs& a) {
   return q;
 }
 
-inline __m256i lut_lanes(const uint8_t* bytes16) {
-  return _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes16)));
-}
-
 // fp32 scales of groups [g0, g0 + n) of row r, n <= 8, into s[0:n].
 inline void group_scales(const Q4Args& q, int64_t r, int64_t g0, int64_t n, float* s) {
   const int64_t idx = r * q.groups + g0;
@@ -84,26 +77,6 @@ inline void group_scales(const Q4Args& q, int64_t r, int64_t g0, int64_t n, floa
   } else {
     for (int64_t i = 0; i < n; ++i) s[i] = _cvtsh_ss(q.fp16[idx + i]);
   }
-}
-
-// 16 code bytes (32 columns) -> f[j] = table values of 8 columns each, in kNibble16 order:
-// f[0], f[1] hold columns 0..15, f[2], f[3] columns 16..31 (see isa.h).
-inline void decode32(const uint8_t* p, __m256i lut_lo, __m256i lut_hi, __m256 f[4]) {
-  const __m256i raw = lut_lanes(p);
-  const __m256i nib = _mm256_and_si256(
-      _mm256_srlv_epi32(raw, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4)), _mm256_set1_epi8(0x0F));
-  const __m256i lb = _mm256_shuffle_epi8(lut_lo, nib);
-  const __m256i hb = _mm256_shuffle_epi8(lut_hi, nib);
-  // Word m of lane 0 / lane 1: bf16 of column 2m / 2m + 1 (w01), 16 + 2m / 17 + 2m (w23).
-  const __m256i w01 = _mm256_unpacklo_epi8(lb, hb);
-  const __m256i w23 = _mm256_unpackhi_epi8(lb, hb);
-  // A bf16 is the top half of an fp32: the low word of each dword shifted up, the high word
-  // masked, give 8 fp32 each without a shuffle.
-  const __m256i high = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
-  f[0] = _mm256_castsi256_ps(_mm256_slli_epi32(w01, 16));    // 0 4 8 12 | 1 5 9 13
-  f[1] = _mm256_castsi256_ps(_mm256_and_si256(w01, high));   // 2 6 10 14 | 3 7 11 15
-  f[2] = _mm256_castsi256_ps(_mm256_slli_epi32(w23, 16));    // 16 + the same
-  f[3] = _mm256_castsi256_ps(_mm256_and_si256(w23, high));
 }
 
 inline void prefetch_line(const uint8_t* p, int64_t ahead) {
@@ -131,13 +104,6 @@ inline void prefetch_scales(const Q4Args& q, int64_t r, int64_t n) {
       _mm_prefetch(reinterpret_cast<const char*>(q.zeros + idx + o), _MM_HINT_T0);
     }
   }
-}
-
-inline float hsum8(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
 }
 
 // Groups whose scales a tile decodes at once (per row), before the loop that uses them.

@@ -154,7 +154,8 @@ class ExpertBanks:
             return tuple(torch.stack([t[n].to(device, non_blocking=non_blocking) for n in ids])
                          for t in bank)
 
-        return dequantize_bank(v.format, move(v.gate_up)), dequantize_bank(v.format, move(v.down))
+        return (dequantize_bank(v.format, move(v.gate_up), block_size=v.block_size),
+                dequantize_bank(v.format, move(v.down), block_size=v.block_size))
 
     @property
     def nbytes(self) -> int:

@@ -16,17 +16,22 @@ ISAS = supported_isas()
 EXPECTED = {
     "scalar": {("bf16", "fp32"): "bf16_scalar", ("fp32", "fp32"): "f32_scalar",
                ("q4g", "fp32"): "q4_scalar", ("q4g", "q8"): "q8_scalar",
-               ("bf16", "bf16"): "bf16_scalar"},
+               ("bf16", "bf16"): "bf16_scalar", ("fp8", "fp32"): "fp8_scalar",
+               ("nvfp4", "fp32"): "nvfp4_scalar"},
     "avx2": {("bf16", "fp32"): "bf16_avx2", ("fp32", "fp32"): "f32_avx2",
              ("q4g", "fp32"): "q4_avx2", ("q4g", "q8"): "q8_avx2",
-             ("bf16", "bf16"): "bf16_avx2"},
+             ("bf16", "bf16"): "bf16_avx2", ("fp8", "fp32"): "fp8_avx2",
+             ("nvfp4", "fp32"): "nvfp4_avx2"},
     "avx512": {("bf16", "fp32"): "bf16_avx512", ("fp32", "fp32"): "f32_avx512",
                ("q4g", "fp32"): "q4_avx2", ("q4g", "q8"): "q8_avx2",
-               ("bf16", "bf16"): "bf16_avx512"},
+               ("bf16", "bf16"): "bf16_avx512", ("fp8", "fp32"): "fp8_avx512",
+               ("nvfp4", "fp32"): "nvfp4_avx2"},
     "avx512_bf16": {("bf16", "fp32"): "bf16_avx512", ("fp32", "fp32"): "f32_avx512",
                     ("q4g", "fp32"): "q4_avx2", ("q4g", "q8"): "q8_avx2",
-                    ("bf16", "bf16"): "bf16_dpbf16"},
+                    ("bf16", "bf16"): "bf16_dpbf16", ("fp8", "fp32"): "fp8_avx512",
+                    ("nvfp4", "fp32"): "nvfp4_avx2"},
 }
+ROWS_KERNELS = 16  # rows_dot kernels (isa.cpp all_rows_kernels), listed first
 
 
 def _counts() -> dict[str, int]:
@@ -36,20 +41,21 @@ def _counts() -> dict[str, int]:
 def test_kernel_table_names_every_variant():
     table = kernels()
     names = [n for n, _, _ in table]
-    assert len(names) == len(set(names)) == 17
+    assert len(names) == len(set(names)) == ROWS_KERNELS + 6
     assert {i for _, i, _ in table} == {"scalar", "avx2", "avx512", "avx512_bf16"}
     expected = {k for per_isa in EXPECTED.values() for k in per_isa.values()}
     # the rows_dot kernels first, then the decode attention cores and delta-rule steps
     # (tests/ops/test_attention_decode.py, tests/ops/test_gdn_decode.py)
-    assert expected == set(names[:11])
-    assert [(n, i) for n, i, _ in table[11:]] == [
+    assert expected == set(names[:ROWS_KERNELS])
+    assert [(n, i) for n, i, _ in table[ROWS_KERNELS:]] == [
         (f"{kind}_{isa}", isa) for kind in ("attend", "delta_rule")
         for isa in ("scalar", "avx2", "avx512")]
 
 
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("fmt,act", [("bf16", "fp32"), ("fp32", "fp32"), ("q4g", "fp32"),
-                                     ("q4g", "q8"), ("bf16", "bf16")])
+                                     ("q4g", "q8"), ("bf16", "bf16"), ("fp8", "fp32"),
+                                     ("nvfp4", "fp32")])
 def test_variant_runs_its_own_kernel(isa, fmt, act):
     g = torch.Generator().manual_seed(0)
     banks = build_banks(torch.randn(3, 64, 64, generator=g), torch.randn(3, 64, 32, generator=g),

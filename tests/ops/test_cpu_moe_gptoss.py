@@ -223,7 +223,8 @@ from freetoken.ops.cpu_moe.cpu import cpu_moe_banks
 out = {}
 for fmt, act, h, i, t, k in [("bf16", "fp32", 96, 80, 1, 9), ("fp32", "fp32", 64, 37, 3, 5),
                              ("q4g", "q8", 128, 64, 3, 9), ("bf16", "bf16", 64, 48, 1, 9),
-                             ("mxfp4", "fp32", 64, 96, 5, 3)]:
+                             ("mxfp4", "fp32", 64, 96, 5, 3), ("fp8", "fp32", 200, 72, 3, 5),
+                             ("nvfp4", "fp32", 208, 48, 1, 9)]:
     g = torch.Generator().manual_seed(h + i)
     banks = build_banks(torch.randn(13, 2 * i, h, generator=g) * 3 / h**0.5,
                         torch.randn(13, h, i, generator=g), fmt)
@@ -254,6 +255,6 @@ def test_schedules_are_bit_identical(tmp_path):
     fewer than 2 routed experts per thread) apply the biases and the clamp identically."""
     one = _run_schedule_script(1, tmp_path / "one.pt")
     many = _run_schedule_script(16, tmp_path / "many.pt")
-    assert one.keys() == many.keys() and len(one) == 5 * len(ISAS)
+    assert one.keys() == many.keys() and len(one) == 7 * len(ISAS)
     for key in one:
         assert torch.equal(one[key], many[key]), key

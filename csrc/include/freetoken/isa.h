@@ -27,7 +27,13 @@ enum class Activations : int { kFp32 = 0, kQ8 = 1, kBf16 = 2 };
 //           E8M0 scale bytes (value 2^(s-127)); group = 32.
 //   kQ4g: int4 codes q in [0, 15] packed like kMxfp4, one fp16 scale per `group` columns and
 //         either a uint8 zero point z per group or, symmetric, z = 8: w = (q - z) * scale.
-enum class WeightFormat : int { kBf16 = 0, kFp32 = 1, kMxfp4 = 2, kQ4g = 3 };
+//   kFp8: float8 e4m3fn values, row-major [rows, k] bytes (freetoken/fp8.h), and one fp32 scale
+//         per block of block_rows x block_cols (the last blocks of a row / column may be
+//         partial): w[r, c] = e4m3(v[r, c]) * scale[r / block_rows, c / block_cols].
+//   kNvfp4: NVIDIA ModelOpt NVFP4: e2m1 codes packed like kMxfp4 (low nibble = even column),
+//         one e4m3fn scale byte per group of 16 columns and one fp32 scale per row (the
+//         checkpoint's per-tensor weight_scale_2): w = e2m1(c) * e4m3(s) * row_scale.
+enum class WeightFormat : int { kBf16 = 0, kFp32 = 1, kMxfp4 = 2, kQ4g = 3, kFp8 = 4, kNvfp4 = 5 };
 
 // Short stable names used by the Python API and the FREETOKEN_CPU_MOE_ISA override.
 const char* isa_name(Isa isa);
@@ -83,7 +89,8 @@ struct Q8Vec {
 //   out[i * out_stride + (r - row_begin)] = sum_k W[r, k] * vecs[i][k]
 // for rows r in [row_begin, row_end) and vectors i in [0, num_vecs), where W is the [rows, k]
 // matrix that w (and, for 4-bit formats, scales / zeros) encode in `format`. Rows are contiguous:
-// row r starts at element r * k (dense) or byte r * k / 2 (4-bit; k is a multiple of `group`).
+// row r starts at element r * k (dense, fp8) or byte r * k / 2 (4-bit; k is a multiple of
+// `group`).
 // The vectors are given in the kernel's layout (RowsKernel::layout; the sum is the same dot
 // product, only the order in which its terms are added differs). Every kernel keeps fp32 sums;
 // the vdpbf16ps kernel reads vectors that are already bf16 values (Activations::kBf16).
@@ -92,7 +99,7 @@ struct RowsDotArgs {
   const void* w = nullptr;          // bf16 bits / fp32 values / packed 4-bit codes of row 0
   const void* scales = nullptr;     // 4-bit: [rows, k / group] uint8 E8M0 (mxfp4) or fp16 bits
   const uint8_t* zeros = nullptr;   // q4g: [rows, k / group] zero points, or nullptr (z = 8)
-  int64_t group = 0;                // 4-bit group size along k (32 for mxfp4; 32 * m for q4g)
+  int64_t group = 0;                // 4-bit group size along k (32 mxfp4, 32 * m q4g, 16 nvfp4)
   int64_t k = 0;                    // reduction length (columns)
   int64_t row_begin = 0;
   int64_t row_end = 0;
@@ -101,6 +108,12 @@ struct RowsDotArgs {
   int64_t num_vecs = 0;
   float* out = nullptr;
   int64_t out_stride = 0;
+  // kFp8: `scales` is [ceil(rows / block_rows), ceil(k / block_cols)] fp32 (row 0 of the
+  // matrix, not of row_begin). kNvfp4: `scales` is [rows, k / 16] e4m3fn bytes and
+  // row_scales [rows] fp32.
+  int64_t block_rows = 0;
+  int64_t block_cols = 0;
+  const float* row_scales = nullptr;
 };
 
 using RowsDotFn = void (*)(const RowsDotArgs&);
@@ -114,6 +127,14 @@ void rows_dot_q4_avx2(const RowsDotArgs& a);     // kMxfp4 and kQ4g
 void rows_dot_bf16_avx512(const RowsDotArgs& a);  // AVX-512F, VecLayout::kEvenOdd32
 void rows_dot_f32_avx512(const RowsDotArgs& a);   // AVX-512F, VecLayout::kNatural
 void rows_dot_bf16_dpbf16(const RowsDotArgs& a);  // AVX512_BF16, bf16-valued vectors, kNatural
+// fp8 and nvfp4 (fp32 activations only): per row, the fp32 dot product of each block's decoded
+// weights (e4m3 / e2m1 values, exact in fp32) with the vector, times the block's scale, summed
+// over the blocks; nvfp4 then multiplies the row's sum by its row scale.
+void rows_dot_fp8_scalar(const RowsDotArgs& a);    // kNatural
+void rows_dot_fp8_avx2(const RowsDotArgs& a);      // AVX2 + F16C, kNatural
+void rows_dot_fp8_avx512(const RowsDotArgs& a);    // AVX-512F/BW/VL, kNatural
+void rows_dot_nvfp4_scalar(const RowsDotArgs& a);  // kNatural
+void rows_dot_nvfp4_avx2(const RowsDotArgs& a);    // AVX2 + F16C, kNibble16
 
 // q8 activations (4-bit formats only; freetoken/q8.h): per 32-column block b of a row, the exact
 // int32 sum of w_int * q over the block, then out += (float)isum * (d_b * w_scale), where the
@@ -138,6 +159,9 @@ struct RowsKernel {
 //     avx512_bf16 -> bf16_dpbf16.
 //   kQ8: q8_scalar on scalar, q8_avx2 on every other variant; throws std::invalid_argument for a
 //     dense format.
+//   kFp8 weights: fp8_scalar on scalar, fp8_avx2 on avx2, fp8_avx512 on avx512 and
+//     avx512_bf16; kNvfp4: nvfp4_scalar on scalar, nvfp4_avx2 on every other variant; both with
+//     kFp32 activations only (std::invalid_argument otherwise).
 const RowsKernel& rows_kernel_for(Isa isa, WeightFormat format, Activations act);
 
 // Every kernel, in id order.

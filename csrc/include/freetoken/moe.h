@@ -8,7 +8,7 @@
 // act(g, u) = silu(g) * u (Qwen3 / OLMoE), or, with MoeProblem::swiglu_clamp, gpt-oss's
 // (transformers GptOssExperts) act = (u' + 1) * g' * sigmoid(alpha * g'), g' = min(g, limit),
 // u' = clamp(u, -limit, limit). The biases are optional (zero when absent).
-// The banks may hold bf16, fp32 or 4-bit (mxfp4, q4g) weights (see WeightBank).
+// The banks may hold bf16, fp32, 4-bit (mxfp4, q4g, nvfp4) or fp8 weights (see WeightBank).
 #pragma once
 
 #include <cstdint>
@@ -27,12 +27,19 @@ namespace freetoken {
 //   dense: values = [N, R, C] bf16 bits or fp32.
 //   4-bit: values = [N, R, C / 2] packed codes; scales = [N, R, C / group] (uint8 E8M0 for mxfp4,
 //          fp16 bits for q4g); zeros = [N, R, C / group] uint8 or nullptr (q4g only).
+//   fp8:   values = [N, R, C] e4m3fn bytes; scales = [N, ceil(R / block_rows),
+//          ceil(C / block_cols)] fp32.
+//   nvfp4: values = [N, R, C / 2] packed e2m1 codes; scales = [N, R, C / 16] e4m3fn bytes;
+//          row_scales = [N, R] fp32 (group = 16).
 struct WeightBank {
   WeightFormat format = WeightFormat::kBf16;
   const void* values = nullptr;
   const void* scales = nullptr;
   const uint8_t* zeros = nullptr;
-  int64_t group = 0;  // 4-bit only; C % group == 0, group % 32 == 0
+  int64_t group = 0;  // mxfp4 / q4g: C % group == 0, group % 32 == 0; nvfp4: 16
+  int64_t block_rows = 0;  // fp8 only, >= 1
+  int64_t block_cols = 0;  // fp8 only, >= 1
+  const float* row_scales = nullptr;  // nvfp4 only
 };
 
 struct MoeProblem {
@@ -52,7 +59,8 @@ struct MoeProblem {
   // What x and silu(g) * u enter the matrices as (isa.h Activations): kFp32 as they are; kQ8 int8
   // per 32-column block, each block's dot product with the 4-bit weights an exact integer sum
   // (both banks mxfp4 or q4g, else moe_forward throws std::invalid_argument); kBf16 rounded to
-  // bf16 values (round to nearest even) with fp32 sums.
+  // bf16 values (round to nearest even) with fp32 sums. fp8 and nvfp4 banks take kFp32 only
+  // (rows_kernel_for throws std::invalid_argument otherwise).
   Activations activations = Activations::kFp32;
   // gpt-oss experts (gate rows first, as above: a gpt-oss checkpoint's interleaved rows are
   // reordered at load). All added and clamped in fp32, whatever the activations; the defaults

@@ -1,5 +1,6 @@
 """CPU SwiGLU expert MLP over host expert banks: C++ kernel (``cpu.py``), weight formats
-(``formats.py``, ``quant.py``), the fp32 torch reference (``reference.py``, also of the
+(``formats.py``, ``quant.py``: bf16, fp32, mxfp4, q4g, and the released checkpoints' fp8 blocks
+and NVIDIA NVFP4), the fp32 torch reference (``reference.py``, also of the
 bf16-activation path), the reference of the int8-activation path (``reference_q8.py``) and the
 comparison of the rounded paths up to rounding ambiguity (``rounding.py``).
 
@@ -11,6 +12,12 @@ dequantised weights), so they measure the kernel's arithmetic, not the quantisat
   activations (``scalar``, ``avx2``, ``avx512`` and ``avx512_bf16``, which runs the ``avx512``
   code for them). The only differences are fp32 summation order and, for 4-bit formats, applying
   the group scale to the group's partial sum. Measured: 2e-7 to 6e-7 on AVX2 and AVX-512 CPUs.
+  fp8 and nvfp4 (fp32 activations only) keep it: fp8 decodes e4m3 exactly and scales each
+  block's partial sum (its many-vector schedule multiplies ``fl(e4m3 * scale)``, the
+  reference's weights); nvfp4 multiplies the exact ``e2m1 * e4m3`` and applies the global scale
+  to each row's sum, against reference weights ``fl(e2m1 * fl(e4m3 * global))`` (ModelOpt's /
+  vLLM's dequantiser). Measured (tests/ops/test_cpu_moe_{fp8,nvfp4}.py shapes and H = 2048,
+  I = 768; gpt-oss options included; every variant): 9e-8 to 8e-7.
 
 The bf16-activation path (``activations="bf16"``, bf16 banks; opt-in):
 
@@ -48,9 +55,13 @@ from __future__ import annotations
 
 from freetoken.ops.cpu_moe.formats import ExpertBankView, build_banks
 from freetoken.ops.cpu_moe.quant import (
+    dequantize_fp8_blocks,
     dequantize_mxfp4,
+    dequantize_nvfp4,
     dequantize_q4g,
+    quantize_fp8_blocks,
     quantize_mxfp4,
+    quantize_nvfp4,
     quantize_q4g,
 )
 from freetoken.ops.cpu_moe.reference import (
@@ -80,10 +91,14 @@ __all__ = [
     "cpu_moe_reference",
     "cpu_moe_reference_banks",
     "cpu_moe_reference_q8",
+    "dequantize_fp8_blocks",
     "dequantize_mxfp4",
+    "dequantize_nvfp4",
     "dequantize_q4g",
     "expert_activation",
+    "quantize_fp8_blocks",
     "quantize_mxfp4",
+    "quantize_nvfp4",
     "quantize_q4g",
     "quantize_q8_blocks",
     "relative_rms_error",

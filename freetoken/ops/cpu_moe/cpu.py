@@ -10,8 +10,9 @@ released, return ``out [T, H]`` fp32, re-raise a kernel error), ``done()`` (neve
 ``std::chrono::steady_clock`` from the start of its compute to its end (queueing behind earlier
 submissions not included); ``-1.0`` until ``done()``.
 
-``activations`` (every entry point): ``"fp32"`` (default) multiplies the weights with fp32
-activations, exactly up to fp32 summation order, on every ISA variant; ``"q8"`` (mxfp4 and q4g
+``activations`` (every entry point): ``"fp32"`` (default; the only mode of fp8 and nvfp4 banks)
+multiplies the weights with fp32 activations, exactly up to fp32 summation order (fp8: and the
+rounding of each block scale's product), on every ISA variant; ``"q8"`` (mxfp4 and q4g
 banks only) quantises the activations entering each matrix (``x``, then ``silu(g) * u``) to int8
 per block of 32 columns and sums each block's products exactly in integers: faster, within
 :data:`freetoken.ops.cpu_moe.Q8_TOLERANCE` of the fp32 result (reference:
@@ -149,30 +150,39 @@ def submit_banks(
     swiglu_limit: float | None = None,
     swiglu_alpha: float = GPT_OSS_SWIGLU_ALPHA,
 ) -> CpuMoeHandle:
-    """:func:`submit` for banks in any weight format (bf16, fp32, mxfp4, q4g).
+    """:func:`submit` for banks in any weight format (bf16, fp32, mxfp4, q4g, fp8, nvfp4).
 
-    4-bit weights are decoded inside the kernel, a 32-column block at a time (no dequantised copy
-    of a matrix). Arguments other than ``banks`` and the result are as in :func:`submit`; the
-    handle keeps every bank tensor alive until the work is done. ``activations="q8"`` (mxfp4 and
-    q4g only; see the module doc) quantises the activations to int8 blocks of 32 columns;
-    ``"bf16"`` (bf16 banks only) rounds them to bf16. ``gate_up_bias``, ``down_bias``,
+    Quantised weights are decoded inside the kernel, a block of columns at a time (no
+    dequantised copy of a matrix): fp8 e4m3 values exactly, with each ``bm x bn`` block's fp32
+    scale applied to the block's fp32 partial sum; nvfp4 e2m1 codes times their e4m3 scale
+    exactly, with the row's global scale applied to the row's sum. Arguments other than
+    ``banks`` and the result are as in :func:`submit`; the handle keeps every bank tensor alive
+    until the work is done. ``activations="q8"`` (mxfp4 and q4g only; see the module doc)
+    quantises the activations to int8 blocks of 32 columns; ``"bf16"`` (bf16 banks only) rounds
+    them to bf16; fp8 and nvfp4 banks take ``"fp32"`` only. ``gate_up_bias``, ``down_bias``,
     ``swiglu_limit`` and ``swiglu_alpha`` (gpt-oss experts) are as in :func:`submit`, with N, H
     and I those of ``banks``; a 4-bit gpt-oss checkpoint's rows must be reordered (gate rows
     first) in the codes and the scales alike.
 
     Raises:
-        TypeError: a non-tensor, or a bank tensor of the wrong dtype for ``banks.format``.
+        TypeError: a non-tensor, or a bank tensor of the wrong dtype for ``banks.format``
+            (``gate_up_scales must be float8_e4m3fn, got float32``).
         ValueError: as :func:`submit`, plus bank tensors of the wrong rank, layout or device, or
-            scale / zero-point shapes that do not match the codes (messages name the tensor,
-            e.g. ``down_scales``); ``activations`` other than ``"fp32"`` / ``"q8"`` / ``"bf16"``,
-            ``"q8"`` with bf16 / fp32 banks (``activations='q8' needs 4-bit expert banks (mxfp4
-            or q4g), got fp32``), or ``"bf16"`` with other than bf16 banks; the bias and
-            ``swiglu_*`` errors of :func:`submit` (TypeError / ValueError alike).
+            scale / zero-point / global shapes that do not match the codes (messages name the
+            tensor, e.g. ``down_scales``, ``gate_up_global``; fp8: ``down_scales [4, 1, 2] does
+            not match down_values [4, 64, 32] with block_size (128, 16): expected [N, ceil(R/bm),
+            ceil(C/bn)] = [4, 1, 2]``); ``activations`` other than ``"fp32"`` / ``"q8"`` /
+            ``"bf16"``, ``"q8"`` with bf16 / fp32 banks (``activations='q8' needs 4-bit expert
+            banks (mxfp4 or q4g), got fp32``), ``"bf16"`` with other than bf16 banks, either with
+            fp8 / nvfp4 banks (``activations='q8' is not supported with nvfp4 expert banks (they
+            take activations='fp32')``); the bias and ``swiglu_*`` errors of :func:`submit`
+            (TypeError / ValueError alike).
     """
     if not isinstance(banks, ExpertBankView):
         raise TypeError(f"banks must be an ExpertBankView, got {type(banks).__name__}")
     return _ext.submit_banks(x, token_ids, expert_ids, weights, banks.format, banks.gate_up,
                              banks.down, isa=isa, activations=activations,
+                             block_size=banks.block_size,
                              **_glu_kwargs(gate_up_bias, down_bias, swiglu_limit, swiglu_alpha))
 
 

@@ -1,10 +1,11 @@
-"""Torch quantisers and exact dequantisers of the two 4-bit expert weight formats (the reference).
+"""Torch quantisers and exact dequantisers of the quantised expert weight formats (the reference).
 
-Both formats quantise a weight matrix ``w [..., R, C]`` (R output rows, C input columns: H for
-``gate_up``, I for ``down``) in groups of consecutive input columns and pack two 4-bit codes per
-byte, **low nibble = even column**. Dequantising is exact in fp32 (every value is a small integer
-times a power of two or an fp16 scale), so the kernel is compared with fp32 math on exactly these
-values.
+Every format quantises a weight matrix ``w [..., R, C]`` (R output rows, C input columns: H for
+``gate_up``, I for ``down``) in blocks of consecutive input columns; the 4-bit ones pack two codes
+per byte, **low nibble = even column**. Dequantising mxfp4 and q4g is exact in fp32 (every value
+is a small integer times a power of two or an fp16 scale), so the kernel is compared with fp32
+math on exactly these values; fp8 and nvfp4 dequantise to the fp32 values of their published
+dequantisers (one rounding of a product with an fp32 scale, below).
 
 * ``mxfp4`` (OCP Microscaling FP4, the gpt-oss checkpoint layout read by transformers
   ``integrations/mxfp4.py``): groups of 32; ``blocks`` uint8 ``[..., R, C/32, 16]`` hold FP4
@@ -18,8 +19,22 @@ values.
   symmetric (no ``zeros`` tensor). Symmetric: ``scale = absmax / 7`` (codes 1..15).
   Asymmetric: ``scale = (max - min) / 15`` over the group's range widened to include 0,
   ``z = round(-min / scale)``.
+* ``fp8`` (the official -FP8 releases, transformers ``FineGrainedFP8``, ``quant_method: fp8``,
+  ``weight_block_size [bm, bn]``, 128 x 128 in the releases): ``values`` float8_e4m3fn
+  ``[..., R, C]``, ``scales`` float32 ``[..., ceil(R/bm), ceil(C/bn)]`` (the checkpoints'
+  ``*_scale_inv``); ``w[r, c] = e4m3(v) * scales[r // bm, c // bn]``. Any ``bm, bn >= 1``; the
+  last block of a row or column may be partial, as in transformers' ``FP8Linear`` /
+  ``_dequantize_fp8_weight`` (its ``Fp8Dequantize`` and ``loader.dequantize_blocks`` need
+  grids that divide the weight, the case of every release).
+* ``nvfp4`` (NVIDIA ModelOpt NVFP4, e.g. the ``nvidia/*-NVFP4`` checkpoints, per linear
+  ``weight`` uint8 ``[R, C/2]``, ``weight_scale`` float8_e4m3fn ``[R, C/16]``, ``weight_scale_2``
+  fp32 scalar): ``packed`` uint8 ``[..., R, C/2]`` e2m1 codes (as mxfp4; nibble order checked
+  against ModelOpt ``NVFP4QTensor`` and vLLM ``break_fp4_bytes``), ``scales`` float8_e4m3fn
+  ``[..., R, C/16]``, ``global`` float32 ``[..., R]``: each row carries its matrix's
+  ``weight_scale_2`` (a fused gate_up keeps gate's and up's apart, exactly).
+  ``w = e2m1(code) * e4m3(s) * global``; C a multiple of 16. The checkpoints' ``input_scale``
+  (activation quantisation, W4A4) has no role: the kernel multiplies fp32 activations.
 """
-
 from __future__ import annotations
 
 import torch
@@ -28,6 +43,8 @@ import torch
 FP4_MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 _FP4_MIDPOINTS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
 MXFP4_GROUP = 32
+NVFP4_GROUP = 16
+FP8_MAX = 448.0  # largest finite float8 e4m3fn magnitude
 
 
 def _check_weight(w: torch.Tensor, fmt: str, group: int) -> torch.Tensor:
@@ -55,6 +72,16 @@ def _unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
     lo = (packed & 0x0F).long()
     hi = (packed >> 4).long()
     return torch.stack([lo, hi], dim=-1).flatten(-2)
+
+
+def _e2m1_index(a: torch.Tensor) -> torch.Tensor:
+    """Magnitudes ``a >= 0`` -> int64 index of the nearest e2m1 magnitude (ties to the even
+    index, i.e. the even code; beyond 6 saturates at 6). The same as ModelOpt's ``_cast_fp4``:
+    its ``searchsorted`` over the midpoints plus one at the odd midpoints 0.75, 1.75, 3.5."""
+    mids = torch.tensor(_FP4_MIDPOINTS, dtype=a.dtype)
+    idx = torch.bucketize(a, mids)  # ties go to the lower index
+    tie = (idx < len(mids)) & (a == mids[idx.clamp(max=len(mids) - 1)])
+    return torch.where(tie & (idx % 2 == 1), idx + 1, idx)
 
 
 def _e8m0_to_f32(scales: torch.Tensor) -> torch.Tensor:
@@ -86,11 +113,7 @@ def quantize_mxfp4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     e = exp.long() - (mant == 0.5).long()  # ceil(log2(amax / 6))
     s = torch.where(amax > 0, e + 127, torch.zeros_like(e)).clamp(0, 254)
     v = torch.ldexp(g, -(s - 127)[..., None].double())
-    mids = torch.tensor(_FP4_MIDPOINTS, dtype=torch.float64)
-    a = v.abs()
-    idx = torch.bucketize(a, mids)  # ties go to the lower index
-    tie = (idx < len(mids)) & (a == mids[idx.clamp(max=len(mids) - 1)])
-    idx = torch.where(tie & (idx % 2 == 1), idx + 1, idx)  # ties to the even code
+    idx = _e2m1_index(v.abs())
     codes = idx | torch.where((v < 0) & (idx > 0), 8, 0)
     blocks = _pack_nibbles(codes).reshape(*g.shape[:-1], MXFP4_GROUP // 2)
     return blocks.contiguous(), s.to(torch.uint8).contiguous()
@@ -197,3 +220,155 @@ def dequantize_q4g(
     q = _unpack_nibbles(packed).reshape(*scales.shape, group).float()
     z = 8.0 if zeros is None else zeros.float()[..., None]
     return ((q - z) * scales.float()[..., None]).flatten(-2)
+
+
+def _cdiv(n: int, block: int) -> int:
+    return -(-n // block)
+
+
+def _check_block(block_size: object) -> tuple[int, int]:
+    """``block_size`` as ``(bm, bn)``; ValueError unless two positive ints."""
+    ok = (isinstance(block_size, (tuple, list)) and len(block_size) == 2
+          and all(isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in block_size))
+    if not ok:
+        raise ValueError(f"fp8: block_size must be two positive integers (bm, bn), got "
+                         f"{block_size!r}")
+    return int(block_size[0]), int(block_size[1])
+
+
+def quantize_fp8_blocks(
+    w: torch.Tensor, block_size: tuple[int, int] = (128, 128)
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantise ``w [..., R, C]`` to fp8 blocks as the official -FP8 releases store them.
+
+    Per block of ``bm x bn`` (rows x input columns; the last block of each axis covers what is
+    left, as transformers' ``FP8Linear`` allocates its ``ceil``-sized scale grid), in fp32:
+    ``scale = amax / 448`` (1 for an all-zero block), values ``clamp(w / scale, -448, 448)``
+    rounded to the nearest float8 e4m3fn (torch's cast, ties to even), as
+    ``freetoken/models/tiny_fp8.py`` and transformers ``Fp8Quantize`` do.
+
+    Returns:
+        ``(values [..., R, C] float8_e4m3fn, scales [..., ceil(R/bm), ceil(C/bn)] float32)``,
+        contiguous, CPU.
+
+    Raises:
+        TypeError: ``w`` is not a floating-point tensor.
+        ValueError: ``w`` has fewer than 2 dims or a NaN/inf; bad ``block_size``.
+    """
+    bm, bn = _check_block(block_size)
+    if not isinstance(w, torch.Tensor) or not w.is_floating_point():
+        raise TypeError("fp8: w must be a floating-point torch.Tensor")
+    if w.dim() < 2:
+        raise ValueError(f"fp8: w must be [..., R, C], got shape {list(w.shape)}")
+    w = w.detach().to("cpu", torch.float32)
+    if not torch.isfinite(w).all():
+        raise ValueError("fp8: w must be finite")
+    *lead, rows, cols = w.shape
+    gr, gc = _cdiv(rows, bm), _cdiv(cols, bn)
+    padded = torch.zeros(*lead, gr * bm, gc * bn)  # zeros leave every block's amax unchanged
+    padded[..., :rows, :cols] = w
+    blocks = padded.reshape(*lead, gr, bm, gc, bn)
+    amax = blocks.abs().amax(dim=(-3, -1))  # [..., gr, gc]
+    scales = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+    q = (blocks / scales[..., :, None, :, None]).clamp(-FP8_MAX, FP8_MAX)
+    values = q.reshape(padded.shape)[..., :rows, :cols].to(torch.float8_e4m3fn)
+    return values.contiguous(), scales.contiguous()
+
+
+def dequantize_fp8_blocks(
+    values: torch.Tensor, scales: torch.Tensor, block_size: tuple[int, int]
+) -> torch.Tensor:
+    """fp8 ``values [..., R, C]`` (float8_e4m3fn) and ``scales [..., ceil(R/bm), ceil(C/bn)]``
+    (float32) -> fp32 ``[..., R, C]``, ``w[r, c] = e4m3(values[r, c]) * scales[r // bm, c // bn]``.
+
+    The e4m3 decode is exact (NaN codes give NaN) and the product is rounded once to fp32: the
+    values transformers' ``_dequantize_fp8_weight`` (fp32, ragged last blocks included) and
+    ``Fp8Dequantize`` / ``freetoken.models.loader.dequantize_blocks`` (divisible grids) compute.
+
+    Raises:
+        TypeError: wrong dtypes.
+        ValueError: bad ``block_size``, or ``scales`` is not the ``ceil`` grid of ``values``.
+    """
+    bm, bn = _check_block(block_size)
+    if values.dtype != torch.float8_e4m3fn or scales.dtype != torch.float32:
+        raise TypeError(f"fp8 values must be float8_e4m3fn and scales float32, got "
+                        f"{values.dtype} and {scales.dtype}")
+    if values.dim() < 2:
+        raise ValueError(f"fp8 values must be [..., R, C], got shape {list(values.shape)}")
+    *lead, rows, cols = values.shape
+    want = [*lead, _cdiv(rows, bm), _cdiv(cols, bn)]
+    if list(scales.shape) != want:
+        raise ValueError(f"fp8 scales {list(scales.shape)} do not match values "
+                         f"{list(values.shape)} with block_size ({bm}, {bn}): expected {want}")
+    s = scales.repeat_interleave(bm, dim=-2)[..., :rows, :]
+    s = s.repeat_interleave(bn, dim=-1)[..., :cols]
+    return values.float() * s
+
+
+def quantize_nvfp4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Quantise each matrix ``w [..., R, C]`` to NVFP4 in the NVIDIA ModelOpt checkpoint layout.
+
+    ModelOpt ``NVFP4QTensor`` (``modelopt/torch/quantization/qtensor/nvfp4_tensor.py``, dynamic
+    path), in fp32: the per-tensor ``weight_scale_2`` ``g = amax / (6 * 448)`` over the whole
+    ``[R, C]`` matrix (1 for an all-zero matrix, where ModelOpt would divide by 0); per group
+    of 16 columns ``s = e4m3(clamp(group_amax / (6 * g), 2^-9, 448))`` (a zero ratio becomes 1
+    first); codes ``e2m1(w / (s * g))`` rounded to nearest, ties to the even code, saturating at
+    6, with the sign bit set for every negative input (ModelOpt's ``_cast_fp4``), packed two per
+    byte, low nibble = even column (``(q[..., 1::2] << 4) | q[..., 0::2]``).
+
+    Returns:
+        ``(packed [..., R, C/2] uint8, scales [..., R, C/16] float8_e4m3fn, global [..., R]
+        float32)``: ``global`` repeats the matrix's ``g`` on each of its rows (the banks keep one
+        per row, so fused gate / up rows keep their own), contiguous, CPU.
+
+    Raises:
+        TypeError: ``w`` is not a floating-point tensor.
+        ValueError: ``w`` has fewer than 2 dims, C is not a multiple of 16, or a NaN/inf.
+    """
+    w = _check_weight(w, "nvfp4", NVFP4_GROUP).float()
+    if w.dim() < 2:
+        raise ValueError(f"nvfp4: w must be [..., R, C], got shape {list(w.shape)}")
+    amax = w.abs().amax(dim=(-2, -1))  # [...]
+    g = torch.where(amax > 0, amax / (6.0 * FP8_MAX), torch.ones_like(amax))
+    grp = w.reshape(*w.shape[:-1], w.shape[-1] // NVFP4_GROUP, NVFP4_GROUP)  # [..., R, C/16, 16]
+    ratio = grp.abs().amax(-1) / (6.0 * g[..., None, None])
+    ratio = torch.where(ratio == 0, torch.ones_like(ratio), ratio)
+    scales = ratio.clamp(min=2.0**-9, max=FP8_MAX).to(torch.float8_e4m3fn)
+    v = grp / (scales.float() * g[..., None, None])[..., None]
+    codes = _e2m1_index(v.abs()) | torch.where(v < 0, 8, 0)
+    packed = _pack_nibbles(codes.flatten(-2))
+    glob = g[..., None].expand(w.shape[:-1]).contiguous()
+    return packed.contiguous(), scales.contiguous(), glob
+
+
+def dequantize_nvfp4(
+    packed: torch.Tensor, scales: torch.Tensor, global_scales: torch.Tensor
+) -> torch.Tensor:
+    """NVFP4 ``packed [..., R, C/2]`` (uint8), ``scales [..., R, C/16]`` (float8_e4m3fn) and
+    ``global_scales [..., R]`` (float32) -> fp32 ``[..., R, C]``.
+
+    ``w = e2m1(code) * fp32(e4m3(s) * g)``: the formula of ModelOpt's
+    ``NVFP4QTensor.dequantize`` and vLLM's ``dequantize_to_dtype`` (unswizzled scales) in fp32,
+    bit for bit (the block scale times the global first, then times the code). The kernel
+    multiplies the exact ``e2m1 * e4m3`` and applies ``g`` to each row's sum, so the two
+    differ by at most a rounding of each weight (2^-23 relative).
+
+    Raises:
+        TypeError: wrong dtypes.
+        ValueError: shapes disagree.
+    """
+    if (packed.dtype != torch.uint8 or scales.dtype != torch.float8_e4m3fn
+            or global_scales.dtype != torch.float32):
+        raise TypeError(f"nvfp4 packed, scales and global must be uint8, float8_e4m3fn and "
+                        f"float32, got {packed.dtype}, {scales.dtype} and {global_scales.dtype}")
+    if (packed.dim() < 2 or scales.shape[:-1] != packed.shape[:-1]
+            or 2 * packed.shape[-1] != NVFP4_GROUP * scales.shape[-1]
+            or global_scales.shape != packed.shape[:-1]):
+        raise ValueError(f"nvfp4 packed {list(packed.shape)}, scales {list(scales.shape)} and "
+                         f"global {list(global_scales.shape)} must be [..., R, C/2], "
+                         f"[..., R, C/16] and [..., R]")
+    lut = torch.tensor(FP4_MAGNITUDES + tuple(-m for m in FP4_MAGNITUDES), dtype=torch.float32)
+    vals = lut[_unpack_nibbles(packed)]  # [..., R, C]
+    block = scales.float() * global_scales[..., None]  # [..., R, C/16]
+    out = vals.reshape(*block.shape, NVFP4_GROUP) * block[..., None]
+    return out.flatten(-2)

@@ -108,7 +108,9 @@ def cpu_moe_reference_banks(
     swiglu_limit: float | None = None,
     swiglu_alpha: float = 1.702,
 ) -> torch.Tensor:
-    """:func:`cpu_moe_reference` on ``banks`` dequantised to fp32 (exactly; any format).
+    """:func:`cpu_moe_reference` on ``banks`` dequantised to fp32 (any format:
+    ``banks.dequantize()``, exact for dense, mxfp4 and q4g banks; fp8 and nvfp4 banks give the
+    fp32 values of their published dequantisers, see :mod:`freetoken.ops.cpu_moe.quant`).
 
     Returns ``[T, H]`` fp32; the arguments are as in :func:`freetoken.ops.cpu_moe.cpu.submit_banks`
     (``activations`` ``"fp32"`` or ``"bf16"``).
