@@ -158,7 +158,7 @@ def _add_make_tiny(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--preset", choices=["tiny", "small"], default="tiny")
     p.add_argument("--expert-format", choices=["mxfp4", "bf16"], default=None,
                    help="gpt_oss experts: mxfp4 (default, as released) or the bf16 layout")
-    p.add_argument("--weights", choices=["bf16", "fp8"], default="bf16",
+    p.add_argument("--weights", choices=["bf16", "fp8", "nvfp4"], default="bf16",
                    help="fp8: projection weights FP8 block-quantised (128 x 128), as the "
                         "official -FP8 releases")
     p.add_argument("--seed", type=int, default=0)

@@ -139,6 +139,9 @@ class ModelConfig:
         expert_bias: routed experts carry gate_up / down biases (gpt-oss).
         router_bias: the router ``x @ W.T + b`` carries a bias (gpt-oss; with
             ``router_scoring == "topk_softmax"``: top-k of the logits, softmax over those k).
+        quant_method: how the checkpoint's weights are stored: None (plain), ``"fp8"``,
+            ``"mxfp4"`` (gpt-oss experts) or ``"nvfp4"`` (ModelOpt).
+        quant_block: fp8's ``weight_block_size`` (rows, columns of one scale block), or None.
     """
 
     arch: str
@@ -188,6 +191,8 @@ class ModelConfig:
     swiglu_alpha: float = 1.702
     expert_bias: bool = False
     router_bias: bool = False
+    quant_method: str | None = None
+    quant_block: tuple[int, int] | None = None
 
     @property
     def rotary_dim(self) -> int:
@@ -251,7 +256,7 @@ class ModelConfig:
             )
         config = _text_config(config) if model_type == "qwen3_5_moe" else config
         oss = model_type == "gpt_oss"
-        _refuse_quantized(config, oss)
+        quant_method = _refuse_quantized(config, oss)
         model_type = FAMILY_OF_MODEL_TYPE.get(model_type, model_type)
         qwen3_5, glm = model_type == "qwen3_5_moe", model_type == "glm4_moe"
         r = _Reader(config)
@@ -352,6 +357,9 @@ class ModelConfig:
             qk_norm=r.bool("use_qk_norm", False) if glm else not oss,
             **glm_fields,
             **oss_fields,
+            quant_method=quant_method,
+            quant_block=(tuple(config["quantization_config"]["weight_block_size"])
+                         if quant_method == "fp8" else None),
         )
 
 
@@ -425,27 +433,36 @@ def _text_config(config: dict) -> dict:
     return flat
 
 
-def _refuse_quantized(config: dict, gpt_oss: bool) -> None:
-    """A ``quantization_config`` the loader cannot read is refused before anything is loaded.
+def _refuse_quantized(config: dict, gpt_oss: bool) -> str | None:
+    """The checkpoint's served quantisation (None, ``"fp8"``, ``"mxfp4"``, ``"nvfp4"``); any
+    ``quantization_config`` the loader cannot read is refused before anything is loaded.
 
     Served: FP8 block quantisation (``quant_method: "fp8"``, e4m3 values, ``weight_block_size``
-    blocks, dynamic activations: the official -FP8 releases), dequantised as it is read; for
-    gpt-oss its released MXFP4 experts (``"mxfp4"``) only.
+    blocks, dynamic activations: the official -FP8 releases) and NVIDIA ModelOpt NVFP4
+    (``quant_method: "modelopt"``, ``quant_algo: "NVFP4"``, groups of 16), both dequantised as
+    read except for offloaded experts; for gpt-oss its released MXFP4 experts only.
     """
     quant = config.get("quantization_config")
     if quant is None:
-        return
+        return None
     method = quant.get("quant_method") if isinstance(quant, dict) else quant
     if gpt_oss:
         if method != "mxfp4":
             raise ValueError(f"config.json: quantised gpt_oss checkpoints (quant_method "
                              f"{method!r}) are not served (served: the released 'mxfp4' "
                              f"experts, or bf16)")
-        return
+        return "mxfp4"
+    if method == "modelopt":
+        algo = quant.get("quant_algo")
+        if algo != "NVFP4" or quant.get("group_size", 16) != 16:
+            raise ValueError(f"config.json: ModelOpt quant_algo {algo!r} (group_size "
+                             f"{quant.get('group_size', 16)!r}) is not served (served: NVFP4 "
+                             f"with groups of 16)")
+        return "nvfp4"
     if method != "fp8":
         raise ValueError(f"config.json: quantised checkpoints (quant_method {method!r}) are not "
-                         f"served yet (served: 'fp8' block quantisation); use the bf16 release "
-                         f"of this model")
+                         f"served yet (served: 'fp8' block quantisation, ModelOpt NVFP4); use "
+                         f"the bf16 release of this model")
     block = quant.get("weight_block_size")
     if (not isinstance(block, list) or len(block) != 2
             or any(type(n) is not int or n < 1 for n in block)):
@@ -456,6 +473,7 @@ def _refuse_quantized(config: dict, gpt_oss: bool) -> None:
         raise ValueError("config.json: only fp8 e4m3 weights with dynamic activation scaling "
                          f"are served, got fmt {quant.get('fmt')!r}, activation_scheme "
                          f"{quant.get('activation_scheme')!r}")
+    return "fp8"
 
 
 def _layer_types(config: dict, r: _Reader, layers: int) -> tuple[str, ...]:

@@ -15,7 +15,8 @@ transformers-v5 fused expert tensors ``mlp.experts.gate_up_proj [E, 2I, H]`` (ro
 (``oss_experts``) keeps its fused tensors per expert under ``mlp.experts.{e}.gate_up_proj [2I, H]``
 (rows still interleaved), ``down_proj [H, I]`` and their ``_bias`` rows: from the released MXFP4
 ``*_blocks`` / ``*_scales`` pairs (dequantised as read) or from the bf16 ``[E, in, out]`` layout
-(transposed as read).
+(transposed as read). NVFP4 (ModelOpt) weights are dequantised as read, or given as stored for
+NVFP4 expert banks (``raw_experts``).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import torch
 from safetensors import safe_open
 
 from freetoken.models.load_progress import LoadProgress, LoadStep
-from freetoken.ops.cpu_moe.quant import dequantize_mxfp4
+from freetoken.ops.cpu_moe.quant import dequantize_mxfp4, dequantize_nvfp4
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -41,6 +42,11 @@ FP8_DTYPES = ("F8_E4M3",)
 _FUSED_EXPERTS = re.compile(r"(.*\.mlp\.experts)\.(gate_up_proj|down_proj)")
 _OSS_EXPERTS = re.compile(r"(.*\.mlp\.experts)\.(gate_up_proj|down_proj)(_blocks|_bias)?")
 MXFP4_BLOCKS, MXFP4_SCALES = "_blocks", "_scales"
+# NVFP4 (ModelOpt): X.weight packed e2m1 + X.weight_scale (e4m3 per 16) + X.weight_scale_2 (fp32
+# global); X.input_scale is the activation scale of 4-bit activations, not used here.
+NVFP4_PARTS = ("_scale", "_scale_2")
+_NVFP4_UNUSED = ".input_scale"
+_EXPERT_WEIGHT = re.compile(r".*\.mlp\.experts\.\d+\.(gate|up|down)_proj\.weight")
 _LAYER = re.compile(r"model\.layers\.(\d+)\.")
 _LIST_LIMIT = 8
 _DTYPE_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "BF16": 2, "F16": 2,
@@ -58,6 +64,10 @@ class StoredSlice:
         scale: the ``{name}_scale_inv`` tensor of an FP8 block-quantised weight, or None.
         mxfp4_scales: the ``*_scales`` tensor of an MXFP4 ``*_blocks`` tensor, or None.
         transpose: the stored slice is ``[in, out]`` (gpt-oss bf16 experts): read transposed.
+        nvfp4: ``(weight_scale, weight_scale_2)`` names of an NVFP4 weight, or None.
+        expand: read a scalar as this many copies (an NVFP4 global scale per row), or None.
+        raw: an FP8 weight given as stored (its scales are a tensor of their own), not
+            dequantised.
     """
 
     name: str
@@ -66,6 +76,9 @@ class StoredSlice:
     scale: str | None = None
     mxfp4_scales: str | None = None
     transpose: bool = False
+    nvfp4: tuple[str, str] | None = None
+    expand: int | None = None
+    raw: bool = False
 
 
 @dataclass(frozen=True)
@@ -97,6 +110,11 @@ class Checkpoint:
         raw_mxfp4: with ``oss_experts``, give MXFP4 experts as their codes and scales
             (``{e}.gate_up_proj_blocks [2I, H/32, 16]``, ``{e}.gate_up_proj_scales [2I, H/32]``,
             uint8, likewise ``down_proj``) for MXFP4 host banks, not dequantised.
+        nvfp4: read NVFP4 (ModelOpt) weights, dequantised as read; with ``raw_experts`` the
+            per-expert weights are given as stored for NVFP4 host banks: ``X`` uint8
+            ``[R, C/2]``, ``X_scale`` e4m3 ``[R, C/16]`` and ``X_scale_2`` fp32 ``[R]`` (the
+            global, one copy per row); FP8 per-expert weights likewise as ``X`` e4m3 and
+            ``X_scale_inv`` fp32 block scales.
 
     Attributes:
         path: the checkpoint directory.
@@ -112,10 +130,12 @@ class Checkpoint:
 
     def __init__(self, path: str | Path, fused_experts: bool = True,
                  mtp_from_layer: int | None = None, oss_experts: bool = False,
-                 raw_mxfp4: bool = False) -> None:
+                 raw_mxfp4: bool = False, nvfp4: bool = False,
+                 raw_experts: bool = False) -> None:
         self.path = Path(path)
         self._mtp_from = mtp_from_layer
         self._oss, self._raw_mxfp4 = oss_experts, raw_mxfp4
+        self._nvfp4, self._raw_experts = nvfp4, raw_experts
         index = self.path / INDEX_FILE
         single = self.path / SINGLE_FILE
         if index.is_file():
@@ -133,7 +153,11 @@ class Checkpoint:
         self._dtypes: dict[str, str] = {}
         self._scales = {n for n in stored if n.endswith(SCALE_SUFFIX) or (
             oss_experts and n.endswith(MXFP4_SCALES)
-            and n[: -len(MXFP4_SCALES)] + MXFP4_BLOCKS in stored)}
+            and n[: -len(MXFP4_SCALES)] + MXFP4_BLOCKS in stored) or (
+            nvfp4 and any(n.endswith(".weight" + part) and n[: -len(part)] in stored
+                          for part in NVFP4_PARTS))}
+        unused = {n for n in stored if nvfp4 and n.endswith(_NVFP4_UNUSED)
+                  and n[: -len(_NVFP4_UNUSED)] + ".weight" in stored}
         self._stored_shapes: dict[str, tuple[int, ...]] = {}
         self._scale_shapes: dict[str, tuple[int, ...]] = {}
         tensors = []  # registered once every scale shape is known (a scale may come later)
@@ -146,6 +170,9 @@ class Checkpoint:
                     piece = f.get_slice(name)
                     if name in self._scales:
                         self._scale_shapes[name] = tuple(piece.get_shape())
+                        continue
+                    if name in unused:
+                        self.ignored.append(name)
                         continue
                     tensors.append((name, file, tuple(piece.get_shape()),
                                     str(piece.get_dtype())))
@@ -165,9 +192,17 @@ class Checkpoint:
         text = name.startswith(TEXT_PREFIX)
         canonical = "model." + name[len(TEXT_PREFIX):] if text else name
         scale = name + SCALE_SUFFIX if name + SCALE_SUFFIX in self._scales else None
+        if self._nvfp4 and name + NVFP4_PARTS[0] in self._scales:
+            self._add_nvfp4(name, canonical, file, shape)
+            return
         oss = _OSS_EXPERTS.fullmatch(canonical) if self._oss else None
         if oss is not None and len(shape) >= 2:
             self._add_oss(name, oss.groups(), file, shape, dtype)
+            return
+        if scale is not None and self._raw_experts and _EXPERT_WEIGHT.fullmatch(canonical):
+            self._put(canonical, StoredSlice(name, raw=True), file, shape, dtype)
+            self._put(canonical + SCALE_SUFFIX, StoredSlice(scale), self._stored_files[scale],
+                      self._scale_shapes[scale], "F32")
             return
         fused = _FUSED_EXPERTS.fullmatch(canonical) if fused_experts else None
         if fused is None or len(shape) != 3:
@@ -217,16 +252,38 @@ class Checkpoint:
             self._put(f"{base}.{e}.{proj}{suffix}",
                       StoredSlice(name, e, transpose=kind is None), file, per, dtype)
 
+    def _add_nvfp4(self, name: str, canonical: str, file: Path,
+                   shape: tuple[int, ...]) -> None:
+        """Register an NVFP4 weight (2-D: ModelOpt writes every expert apart)."""
+        scale, global_ = (name + part for part in NVFP4_PARTS)
+        rows, cols = (shape[0], 2 * shape[1]) if len(shape) == 2 else (0, 0)
+        if (len(shape) != 2 or self._scale_shapes[scale] != (rows, cols // 16)
+                or self._scale_shapes.get(global_, ()) not in ((), (1,))):
+            raise ValueError(f"checkpoint {self.path}: NVFP4 tensor {name!r} {list(shape)} "
+                             f"needs [R, C/2] values, {scale!r} [R, C/16] and a scalar "
+                             f"{global_!r}, got {list(self._scale_shapes[scale])} and "
+                             f"{list(self._scale_shapes.get(global_, ['none']))}")
+        if self._raw_experts and _EXPERT_WEIGHT.fullmatch(canonical):
+            self._put(canonical, StoredSlice(name), file, shape, "U8")
+            self._put(canonical + NVFP4_PARTS[0], StoredSlice(scale),
+                      self._stored_files[scale], (rows, cols // 16), "F8_E4M3")
+            self._put(canonical + NVFP4_PARTS[1], StoredSlice(global_, expand=rows),
+                      self._stored_files[global_], (rows,), "F32")
+            return
+        self._put(canonical, StoredSlice(name, nvfp4=(scale, global_)), file, (rows, cols),
+                  "NVFP4")
+
     def _check_scales(self, stored: dict[str, Path]) -> None:
         """Every FP8 tensor has a block-scale grid that divides it, and every scale a weight."""
         known = set(self._stored_shapes) | set(self.ignored)
         for scale in self._scales:
-            if scale.endswith(MXFP4_SCALES):
-                continue  # paired with its blocks when they were registered
+            if not scale.endswith(SCALE_SUFFIX):
+                continue  # MXFP4 / NVFP4 scales: paired with their weights when registered
             if scale[: -len(SCALE_SUFFIX)] not in known:
                 raise ValueError(f"checkpoint {self.path}: {scale!r} scales no tensor")
         for canonical, source in self._source.items():
-            if self._dtypes[canonical] not in FP8_DTYPES:
+            nvfp4_scale = self._nvfp4 and source.name.endswith(".weight" + NVFP4_PARTS[0])
+            if self._dtypes[canonical] not in FP8_DTYPES or nvfp4_scale or source.raw:
                 continue
             if source.scale is None:
                 raise ValueError(f"checkpoint {self.path}: FP8 tensor {source.name!r} has no "
@@ -242,17 +299,32 @@ class Checkpoint:
         self._shapes[canonical] = shape
         self._dtypes[canonical] = dtype
 
+    @classmethod
+    def for_config(cls, path: str | Path, config, raw_experts: bool = False) -> "Checkpoint":
+        """The checkpoint at ``path`` read as ``config`` (a ``ModelConfig``) says: GLM's MTP
+        layers skipped, gpt-oss's expert names, NVFP4 weights; ``raw_experts`` gives quantised
+        routed experts as stored (MXFP4, NVFP4) for host banks in that format."""
+        return cls(path, mtp_from_layer=config.num_hidden_layers if config.mtp_layers else None,
+                   oss_experts=config.model_type == "gpt_oss",
+                   raw_mxfp4=raw_experts and config.quant_method == "mxfp4",
+                   nvfp4=config.quant_method == "nvfp4", raw_experts=raw_experts)
+
     def read(self, handle, name: str) -> torch.Tensor:
         """Tensor ``name`` (canonical) read from ``handle``, the open ``safe_open`` of
         ``files[name]``; a fused expert's slice reads only that expert's bytes."""
         source = self._source[name]
         value = self._slice(handle, source.name, source.index, source.rows)
+        if source.expand is not None:
+            return value.reshape(()).expand(source.expand)
+        if source.nvfp4 is not None:
+            scale, global_ = (self._other(handle, name, n) for n in source.nvfp4)
+            return dequantize_nvfp4(value, scale, global_.reshape(()).expand(value.shape[0]))
         if source.mxfp4_scales is not None:
             scales = self._slice(handle, source.mxfp4_scales, source.index, None)
             return dequantize_mxfp4(value, scales)
         if source.transpose:
             return value.t()
-        if source.scale is None:
+        if source.scale is None or source.raw:
             return value
         grid = self._scale_shapes[source.scale][-2:]
         shape = self._stored_shapes[source.name][-2:]
@@ -267,6 +339,14 @@ class Checkpoint:
                              f"do not fall on {block[0]}-row scale blocks")
         scales = self._slice(handle, source.scale, source.index, rows)
         return dequantize_blocks(value, scales)
+
+    def _other(self, handle, name: str, other: str) -> torch.Tensor:
+        """Stored tensor ``other`` read beside canonical ``name`` (``handle`` is its file's):
+        from the same handle when both share a shard, else from ``other``'s shard."""
+        if self._stored_files[other] == self.files[name]:
+            return handle.get_tensor(other)
+        with _open(self._stored_files[other]) as f:
+            return f.get_tensor(other)
 
     @staticmethod
     def _slice(handle, name: str, index: int | None,
@@ -312,7 +392,13 @@ class Checkpoint:
             count *= d
         if self._dtypes[name] == "MXFP4":  # 16 bytes of codes + 1 scale byte per 32 values
             return count * 17 // 32
+        if self._dtypes[name] == "NVFP4":  # 8 bytes of codes + 1 scale byte per 16 values
+            return count * 9 // 16
         return count * _DTYPE_BYTES.get(self._dtypes[name], 1)
+
+    def fused(self, name: str) -> bool:
+        """Whether canonical tensor ``name`` is a slice of a fused (stacked) stored tensor."""
+        return self._source[name].index is not None
 
     def dtype(self, name: str) -> str:
         """safetensors dtype code of tensor ``name`` as stored (``"BF16"``, ``"F32"``, ...;

@@ -76,18 +76,17 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32,
     arch = archs[0] if isinstance(archs, list) and archs else None
     if arch not in MODEL_CLASSES:
         raise unsupported_architecture_error(arch)
-    config = ModelConfig.from_hf(raw)
-    checkpoint = Checkpoint(path, mtp_from_layer=config.num_hidden_layers if config.mtp_layers
-                            else None, oss_experts=config.model_type == "gpt_oss")
+    config = ModelConfig.from_hf(with_modelopt_config(path, raw))
+    checkpoint = Checkpoint.for_config(path, config)
     vision = sum(name.startswith("model.visual.") for name in checkpoint.ignored)
     if vision:
         logger.info("vision tower not loaded (%d tensors): serving the text model only", vision)
     _check_memory(MODEL_CLASSES[arch], config, checkpoint, dtype, torch.device(device), moe)
-    quant = raw.get("quantization_config")
-    if isinstance(quant, dict):
-        logger.info("%s checkpoint: weights dequantised to %s as they are read",
-                    "mxfp4 expert" if quant.get("quant_method") == "mxfp4"
-                    else "fp8 block-quantised", str(dtype).removeprefix("torch."))
+    if config.quant_method is not None:
+        logger.info("%s checkpoint: weights dequantised to %s as they are read (offloaded "
+                    "experts stay %s in the host banks)", config.quant_method,
+                    str(dtype).removeprefix("torch."), "as stored" if config.quant_method
+                    in ("mxfp4", "nvfp4") else "dequantised")
     if moe is not None:
         from freetoken.offload.loading import build_offloaded
 
@@ -101,12 +100,27 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32,
     return model.eval()
 
 
+def with_modelopt_config(path: Path, raw: dict) -> dict:
+    """``raw`` with the ``quantization_config`` an older ModelOpt export keeps only in
+    ``hf_quant_config.json`` (``{"quantization": {"quant_algo": ...}}``)."""
+    file = path / "hf_quant_config.json"
+    if "quantization_config" in raw or not file.is_file():
+        return raw
+    try:
+        quant = json.loads(file.read_text(encoding="utf-8")).get("quantization")
+    except (json.JSONDecodeError, AttributeError) as exc:
+        raise ValueError(f"{file}: not a ModelOpt quantisation config ({exc})") from None
+    if not isinstance(quant, dict):
+        raise ValueError(f"{file}: no 'quantization' object")
+    return {**raw, "quantization_config": {"quant_method": "modelopt", **quant}}
+
+
 def _check_memory(model_cls: type[DecoderLM], config: ModelConfig, checkpoint: Checkpoint,
                   dtype: torch.dtype, device: torch.device, moe) -> None:
     """Refuse a load whose weights exceed ``MemAvailable`` (see ``host_memory``)."""
     from freetoken.offload.backend import resolve_backend
     from freetoken.offload.loading import (
-        bank_dtype, first_expert_tensor, model_bytes, mxfp4_experts,
+        bank_dtype, first_expert_tensor, model_bytes, stored_expert_format,
     )
 
     total = model_bytes(model_cls, config, dtype)
@@ -115,8 +129,10 @@ def _check_memory(model_cls: type[DecoderLM], config: ModelConfig, checkpoint: C
     if moe is not None and experts and resolve_backend(moe.backend, device, total) != "resident":
         bank_type = bank_dtype(checkpoint, dtype, first_expert_tensor(config))
         banks = routed_expert_bytes(config, bank_type.itemsize)
-        if mxfp4_experts(checkpoint, config):  # 16 code bytes + 1 scale byte per 32 values
-            banks, bank_type = routed_expert_bytes(config, 17) // 32, "mxfp4"
+        stored = stored_expert_format(checkpoint, config)
+        if stored is not None:  # value + scale bytes per 32 values
+            banks = routed_expert_bytes(config, {"mxfp4": 17, "nvfp4": 18, "fp8": 32}[stored])
+            banks, bank_type = banks // 32, stored
     needed = host_bytes_needed(total, experts, banks, device)
     expert_part = experts if banks is None else banks
     name = str(bank_type).removeprefix("torch.")

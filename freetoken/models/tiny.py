@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from freetoken.models import tiny_mxfp4
+from freetoken.models import tiny_mxfp4, tiny_nvfp4
 from freetoken.models.config import ModelConfig
 from freetoken.models.tiny_calibrate import TARGET_END_PROB, calibrate_im_end
 from freetoken.models.tiny_fp8 import quantization_config
@@ -77,7 +77,8 @@ def make_tiny(arch: str, preset: str, out_dir: str | Path, seed: int = 0,
         config_overrides: keys replaced in ``config.json`` before the weights are derived
             from it (tests use it for variants such as dense ``mlp_only_layers``).
         weights: ``"bf16"``, or ``"fp8"``: projection weights FP8 block-quantised with
-            128 x 128 blocks and a ``quantization_config``, as the official -FP8 releases.
+            128 x 128 blocks and a ``quantization_config``, as the official -FP8 releases;
+            ``"nvfp4"``: projection weights in NVIDIA ModelOpt's NVFP4 export layout.
         expert_format: gpt_oss only: ``"mxfp4"`` (the default, as released) or ``"bf16"``
             (the dequantised layout).
 
@@ -106,19 +107,24 @@ def make_tiny(arch: str, preset: str, out_dir: str | Path, seed: int = 0,
                          "lm_head is calibrated separately from the embedding)")
     template = _template(arch)
     out.mkdir(parents=True, exist_ok=True)
-    if weights not in ("bf16", "fp8"):
-        raise ValueError(f"make_tiny: weights must be 'bf16' or 'fp8', got {weights!r}")
+    if weights not in ("bf16", "fp8", "nvfp4"):
+        raise ValueError(f"make_tiny: weights must be 'bf16', 'fp8' or 'nvfp4', got {weights!r}")
     block = FP8_BLOCK if weights == "fp8" else None
     if expert_format is not None and arch != "gpt_oss":
         raise ValueError("make_tiny: expert_format applies to gpt_oss only")
     mxfp4 = arch == "gpt_oss" and (expert_format or "mxfp4") == "mxfp4"
-    if arch == "gpt_oss" and (block is not None or expert_format not in (None, "mxfp4", "bf16")):
+    if arch == "gpt_oss" and (weights != "bf16" or expert_format not in (None, "mxfp4",
+                                                                         "bf16")):
         raise ValueError("make_tiny: gpt_oss experts are 'mxfp4' (default) or 'bf16', and its "
                          "other weights stay bf16")
     files = write_safetensors(config, seed, out, vision_config=raw.get("vision_config"),
-                              fp8_block=block, mxfp4=mxfp4)
+                              fp8_block=block, mxfp4=mxfp4, nvfp4=weights == "nvfp4")
     if block is not None:
         raw["quantization_config"] = quantization_config(block, _not_converted(files))
+    if weights == "nvfp4":
+        ignored = _not_converted(files)
+        raw["quantization_config"] = tiny_nvfp4.quantization_config(ignored)
+        _write_json(out / "hf_quant_config.json", tiny_nvfp4.hf_quant_config(ignored))
     if mxfp4:
         raw["quantization_config"] = tiny_mxfp4.quantization_config()
     _write_json(out / "config.json", raw)
@@ -144,7 +150,7 @@ def make_tiny(arch: str, preset: str, out_dir: str | Path, seed: int = 0,
 
 def _not_converted(files: list[Path]) -> list[str]:
     """Modules of the written files whose weights stay unquantised (``modules_to_not_convert``:
-    every ``.weight`` of two or more dims that has no ``_scale_inv``)."""
+    every ``.weight`` of two or more dims that has no ``_scale_inv`` / NVFP4 ``_scale``)."""
     from safetensors import safe_open
 
     names: dict[str, int] = {}
@@ -153,7 +159,8 @@ def _not_converted(files: list[Path]) -> list[str]:
             with safe_open(file, framework="pt") as f:
                 names.update({n: len(f.get_slice(n).get_shape()) for n in f.keys()})
     return sorted(n[: -len(".weight")] for n, dims in names.items()
-                  if n.endswith(".weight") and dims >= 2 and n + "_scale_inv" not in names)
+                  if n.endswith(".weight") and dims >= 2 and n + "_scale_inv" not in names
+                  and n + "_scale" not in names)
 
 
 def _stamp(arch: str, preset: str, seed: int, overrides: dict | None = None) -> dict:

@@ -22,6 +22,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from freetoken.models.config import ModelConfig
 from freetoken.models.loader import Checkpoint
 from freetoken.models.registry import load_model
 from freetoken.tokenizer.tokenizer import Tokenizer
@@ -81,7 +82,7 @@ def choose_scale(logits: torch.Tensor, eos: int, target: float = TARGET_END_PROB
 
 def scale_lm_head_row(path: Path, row: int, scale: float) -> None:
     """Multiply row ``row`` of ``lm_head.weight`` by ``scale`` in place on disk (same dtype)."""
-    file = Checkpoint(path).files["lm_head.weight"]
+    file = Checkpoint.for_config(path, ModelConfig.from_file(path)).files["lm_head.weight"]
     with safe_open(file, framework="pt") as f:
         metadata = f.metadata()
     tensors = load_file(file)

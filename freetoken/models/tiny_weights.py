@@ -157,7 +157,7 @@ def write_safetensors(config: ModelConfig, seed: int, out_dir: Path,
                       max_shard_bytes: int = MAX_SHARD_BYTES,
                       vision_config: dict | None = None,
                       fp8_block: tuple[int, int] | None = None,
-                      mxfp4: bool = False) -> list[Path]:
+                      mxfp4: bool = False, nvfp4: bool = False) -> list[Path]:
     """Write the weights as ``model.safetensors`` or, above ``max_shard_bytes``, as shards
     ``model-0000i-of-0000n.safetensors`` plus ``model.safetensors.index.json``.
 
@@ -168,14 +168,17 @@ def write_safetensors(config: ModelConfig, seed: int, out_dir: Path,
     Returns:
         the written files.
     """
-    from freetoken.models import tiny_fp8, tiny_mxfp4
+    from freetoken.models import tiny_fp8, tiny_mxfp4, tiny_nvfp4
 
-    fused = fp8_block is None
+    fused = fp8_block is None and not nvfp4
     specs = tensor_specs(config, vision_config, fused)
     items = generate(config, seed, vision_config, fused)
     if fp8_block is not None:
         specs = tiny_fp8.quantized_specs(specs, fp8_block)
         items = tiny_fp8.quantized(items, fp8_block)
+    if nvfp4:
+        specs = tiny_nvfp4.quantized_specs(specs)
+        items = tiny_nvfp4.quantized(items)
     if mxfp4:
         specs = tiny_mxfp4.mxfp4_specs(specs)
         items = tiny_mxfp4.mxfp4_items(items)

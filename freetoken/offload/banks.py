@@ -16,7 +16,9 @@ pageable and everything still works.
 gpt-oss (``biased``): the banks also hold each expert's fp32 ``gate_up_bias [N, 2I]`` and
 ``down_bias [N, H]``, the checkpoint's interleaved gate / up rows are de-interleaved as they are
 copied in, and a released MXFP4 checkpoint fills ``format="mxfp4"`` banks straight from its
-blocks and scales (no dense copy of the pool ever exists).
+blocks and scales (no dense copy of the pool ever exists). A ModelOpt NVFP4 checkpoint fills
+``format="nvfp4"`` banks the same way (codes, e4m3 block scales, each row's global scale), an
+-FP8 release ``format="fp8"`` banks (e4m3 values and their block scales).
 
 Optionally the filled banks are converted once to a 4-bit kernel format (:meth:`quantize`: MXFP4 or
 q4g, ``--moe-expert-format``): the CPU kernel then reads 4-bit codes, and a cache fill copies the
@@ -48,7 +50,10 @@ class ExpertBanks:
         hidden: H.
         intermediate: I (``moe_intermediate_size``).
         dtype: bank dtype (``torch.bfloat16`` or ``torch.float32``) of dense banks.
-        fmt: ``"dense"``, or ``"mxfp4"``: allocate MXFP4 banks, filled as stored.
+        fmt: ``"dense"``, or ``"mxfp4"`` / ``"nvfp4"`` / ``"fp8"``: allocate banks in that
+            format, filled as stored (gpt-oss's MXFP4 blocks, ModelOpt's NVFP4 weights, the
+            -FP8 releases' e4m3 values and block scales).
+        block: fp8's scale block (rows, columns); its rows must divide I.
         swiglu: gpt-oss's ``(swiglu_limit, swiglu_alpha)``: the experts are biased and clamped
             and named as gpt-oss releases them; None for the plain SwiGLU families.
 
@@ -63,7 +68,8 @@ class ExpertBanks:
 
     def __init__(self, num_layers: int, num_experts: int, hidden: int, intermediate: int,
                  dtype: torch.dtype, fmt: str = "dense",
-                 swiglu: tuple[float, float] | None = None) -> None:
+                 swiglu: tuple[float, float] | None = None,
+                 block: tuple[int, int] | None = None) -> None:
         if min(num_layers, num_experts, hidden, intermediate) < 1:
             raise ValueError(f"bank sizes must be positive: L={num_layers} E={num_experts} "
                              f"H={hidden} I={intermediate}")
@@ -72,8 +78,11 @@ class ExpertBanks:
         self.num_layers, self.num_experts = num_layers, num_experts
         self.hidden, self.intermediate = hidden, intermediate
         self.dtype = dtype
-        if fmt not in ("dense", "mxfp4"):
-            raise ValueError(f"banks are allocated dense or mxfp4, got {fmt!r}")
+        if fmt not in ("dense", "mxfp4", "nvfp4", "fp8"):
+            raise ValueError(f"banks are allocated dense, mxfp4, nvfp4 or fp8, got {fmt!r}")
+        if fmt == "fp8" and (block is None or intermediate % block[0]):
+            raise ValueError(f"fp8 banks need scale blocks whose rows divide I={intermediate}, "
+                             f"got {block}")
         n = num_layers * num_experts
         self.pinned = False
         self.format = fmt
@@ -83,9 +92,9 @@ class ExpertBanks:
         if swiglu is not None:
             self.gate_up_bias = torch.zeros(n, 2 * intermediate)
             self.down_bias = torch.zeros(n, hidden)
-        if fmt == "mxfp4":
+        if fmt != "dense":
             self.gate_up = self.down = None
-            self.view = _empty_mxfp4(n, hidden, intermediate)
+            self.view = _empty_view(fmt, n, hidden, intermediate, block)
             advise_huge_pages(self.view.gate_up + self.view.down)
             return
         self.gate_up = torch.empty(n, 2 * intermediate, hidden, dtype=dtype)
@@ -180,6 +189,16 @@ class ExpertBanks:
         targets = {}
         for e in range(self.num_experts):
             n = self.flat_id(layer, e)
+            if self.view is not None:  # as stored: NVFP4 codes, block scales, row globals;
+                # FP8 values and block scales (gate rows' blocks first, then up's)
+                fp8 = self.format == "fp8"
+                cut = (i, i // self.view.block_size[0] if fp8 else i, i)
+                parts = ("", "_scale_inv") if fp8 else ("", "_scale", "_scale_2")
+                for part, gu, dn, c in zip(parts, self.view.gate_up, self.view.down, cut):
+                    targets[f"{prefix}{e}.gate_proj.weight{part}"] = WeightTarget(gu[n, :c])
+                    targets[f"{prefix}{e}.up_proj.weight{part}"] = WeightTarget(gu[n, c:])
+                    targets[f"{prefix}{e}.down_proj.weight{part}"] = WeightTarget(dn[n])
+                continue
             targets[f"{prefix}{e}.gate_proj.weight"] = WeightTarget(self.gate_up[n, :i])
             targets[f"{prefix}{e}.up_proj.weight"] = WeightTarget(self.gate_up[n, i:])
             targets[f"{prefix}{e}.down_proj.weight"] = WeightTarget(self.down[n])
@@ -253,11 +272,23 @@ class ExpertBanks:
         return True
 
 
-def _empty_mxfp4(n: int, hidden: int, intermediate: int) -> ExpertBankView:
-    """Uninitialised MXFP4 banks of ``n`` experts (codes and E8M0 scales, uint8)."""
-    def bank(rows: int, cols: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return (torch.empty(n, rows, cols // 32, 16, dtype=torch.uint8),
-                torch.empty(n, rows, cols // 32, dtype=torch.uint8))
+def _empty_view(fmt: str, n: int, hidden: int, intermediate: int,
+                block: tuple[int, int] | None) -> ExpertBankView:
+    """Uninitialised banks of ``n`` experts as stored: ``mxfp4`` (codes, E8M0 scales),
+    ``nvfp4`` (codes, e4m3 scales, fp32 row globals) or ``fp8`` (e4m3 values, fp32 scales per
+    ``block``)."""
+    def bank(rows: int, cols: int) -> tuple[torch.Tensor, ...]:
+        if fmt == "mxfp4":
+            return (torch.empty(n, rows, cols // 32, 16, dtype=torch.uint8),
+                    torch.empty(n, rows, cols // 32, dtype=torch.uint8))
+        if fmt == "fp8":
+            grid = (-(-rows // block[0]), -(-cols // block[1]))
+            return (torch.empty(n, rows, cols, dtype=torch.float8_e4m3fn),
+                    torch.empty(n, *grid, dtype=torch.float32))
+        return (torch.empty(n, rows, cols // 2, dtype=torch.uint8),
+                torch.empty(n, rows, cols // 16, dtype=torch.float8_e4m3fn),
+                torch.empty(n, rows, dtype=torch.float32))
 
-    return ExpertBankView("mxfp4", bank(2 * intermediate, hidden), bank(hidden, intermediate),
-                          n, hidden, intermediate)
+    return ExpertBankView(fmt, bank(2 * intermediate, hidden), bank(hidden, intermediate),
+                          n, hidden, intermediate,
+                          block_size=tuple(block) if fmt == "fp8" else None)

@@ -91,9 +91,17 @@ def first_expert_tensor(config: ModelConfig) -> str:
     return f"model.layers.{first}.mlp.experts.0.gate_proj.weight"
 
 
-def mxfp4_experts(checkpoint: Checkpoint, config: ModelConfig) -> bool:
-    """Whether the checkpoint stores its routed experts as MXFP4 blocks (gpt-oss releases)."""
-    return checkpoint.dtype(first_expert_tensor(config)) == "MXFP4"
+def stored_expert_format(checkpoint: Checkpoint, config: ModelConfig) -> str | None:
+    """``"mxfp4"`` (gpt-oss releases), ``"nvfp4"`` (ModelOpt) or ``"fp8"`` (the -FP8 releases'
+    per-expert block-quantised experts) when the checkpoint stores its routed experts in a
+    format the host banks keep as is, else None (dequantised into dense banks)."""
+    first = first_expert_tensor(config)
+    stored = checkpoint.dtype(first)
+    if stored == "F8_E4M3":  # per-expert FP8 whose scale blocks do not straddle gate and up
+        block = config.quant_block
+        whole = block is not None and config.moe_intermediate_size % block[0] == 0
+        return "fp8" if whole and not checkpoint.fused(first) else None
+    return {"MXFP4": "mxfp4", "NVFP4": "nvfp4"}.get(stored)
 
 
 def planned_bank_dtype(path, compute_dtype: str) -> str:
@@ -106,7 +114,7 @@ def planned_bank_dtype(path, compute_dtype: str) -> str:
     """
     config = ModelConfig.from_file(path)
     dtype = torch.bfloat16 if compute_dtype == "bfloat16" else torch.float32
-    checkpoint = Checkpoint(path, oss_experts=config.model_type == "gpt_oss")
+    checkpoint = Checkpoint.for_config(path, config)
     return str(bank_dtype(checkpoint, dtype, first_expert_tensor(config))).removeprefix("torch.")
 
 
@@ -150,21 +158,25 @@ def build_offloaded(model_cls: type[DecoderLM], config: ModelConfig, checkpoint:
         return None
     num_layers = sum(config.is_moe_layer(i) for i in range(config.num_hidden_layers))
     bdtype = bank_dtype(checkpoint, dtype, first_expert_tensor(config))
-    mxfp4 = mxfp4_experts(checkpoint, config)
-    if mxfp4 and moe.expert_format not in ("dense", "mxfp4"):
+    stored = stored_expert_format(checkpoint, config)
+    if stored and moe.expert_format not in ("dense", stored):
         raise ValueError(f"--moe-expert-format {moe.expert_format}: this checkpoint's experts "
-                         f"are MXFP4 and stay so in the host banks (use mxfp4 or dense)")
-    loaded_as = "mxfp4" if mxfp4 else str(bdtype).removeprefix("torch.")
-    if moe.cpu_activations == "bf16" and (mxfp4 or bdtype != torch.bfloat16):
+                         f"are {stored.upper()} and stay so in the host banks (use {stored} "
+                         f"or dense)")
+    loaded_as = stored or str(bdtype).removeprefix("torch.")
+    if moe.cpu_activations == "bf16" and (stored or bdtype != torch.bfloat16):
         raise ValueError(f"--moe-cpu-activations bf16 needs bf16 host expert banks, but this "
                          f"checkpoint's experts load as {loaded_as}: "
                          f"use --moe-cpu-activations fp32")
+    if stored in ("nvfp4", "fp8") and moe.cpu_activations != "fp32":
+        raise ValueError(f"--moe-cpu-activations {moe.cpu_activations}: the CPU kernel reads "
+                         f"{stored.upper()} experts with fp32 activations only")
     swiglu = (config.swiglu_limit, config.swiglu_alpha) if config.expert_bias else None
     banks = ExpertBanks(num_layers, config.num_experts, config.hidden_size,
-                        config.moe_intermediate_size, bdtype, "mxfp4" if mxfp4 else "dense",
-                        swiglu)
-    if mxfp4:  # the blocks and scales go into the banks as stored
-        checkpoint = Checkpoint(checkpoint.path, oss_experts=True, raw_mxfp4=True)
+                        config.moe_intermediate_size, bdtype, stored or "dense", swiglu,
+                        config.quant_block)
+    if stored:  # the codes and scales go into the banks as stored
+        checkpoint = Checkpoint.for_config(checkpoint.path, config, raw_experts=True)
     stand_ins: list[OffloadedExperts] = []
 
     def factory(_layer: int, moe_layer: int) -> OffloadedExperts:

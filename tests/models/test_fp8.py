@@ -1,8 +1,10 @@
-"""FP8 block-quantised checkpoints (the official -FP8 release layout): dequantised as read,
-against transformers' own dequantisation of the same files, through every MoE backend."""
+"""FP8 block-quantised checkpoints (the official -FP8 release layout): dequantised as read when
+resident, against transformers' own dequantisation of the same files; through every MoE backend,
+the routed experts kept FP8 in the host banks."""
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import pytest
@@ -52,6 +54,23 @@ def test_every_backend_generates_the_resident_tokens(fp8, backend) -> None:
     offloaded = load_model(fp8, moe=MoeConfig(backend=backend, cache="2"))
     assert offloaded.moe_runtime is not None
     assert greedy(offloaded) == greedy(load_model(fp8))
+
+
+def test_offloaded_experts_stay_fp8_in_the_host_banks(fp8) -> None:
+    """The per-expert e4m3 values and block scales are the banks' bytes (gate rows' blocks
+    first, then up's); the CPU kernel reads them there."""
+    banks = load_model(fp8, moe=MoeConfig(backend="cpu")).moe_runtime.banks
+    assert banks.format == "fp8" and banks.gate_up is None and banks.view.block_size == (128, 128)
+    tensors = load_file(fp8 / "model.safetensors")
+    pre = "model.language_model." if "text_config" in json.loads(
+        (fp8 / "config.json").read_text()) else "model."
+    layer = next(i for i in range(4) if f"{pre}layers.{i}.mlp.experts.0.up_proj.weight" in tensors)
+    moe_layer = 0 if pre != "model." or layer == 0 else layer - 1  # GLM: layer 0 is dense
+    n = moe_layer * 16 + 6
+    up = f"{pre}layers.{layer}.mlp.experts.6.up_proj."
+    values, scales = banks.view.gate_up
+    assert torch.equal(values[n, 128:].view(torch.uint8), tensors[up + "weight"].view(torch.uint8))
+    assert torch.equal(scales[n, 1:], tensors[up + "weight_scale_inv"])
 
 
 def test_block_dequantisation_is_values_times_block_scales() -> None:

@@ -116,7 +116,11 @@ def _raw(path) -> dict:
      "rotary_dim / 2 = 8"),
     (lambda raw: raw.update(quantization_config={"quant_method": "awq", "bits": 4}),
      "config.json: quantised checkpoints (quant_method 'awq') are not served yet (served: "
-     "'fp8' block quantisation); use the bf16 release of this model"),
+     "'fp8' block quantisation, ModelOpt NVFP4); use the bf16 release of this model"),
+    (lambda raw: raw.update(quantization_config={"quant_method": "modelopt",
+                                                 "quant_algo": "FP8"}),
+     "config.json: ModelOpt quant_algo 'FP8' (group_size 16) is not served (served: NVFP4 "
+     "with groups of 16)"),
     (lambda raw: raw.update(quantization_config={"quant_method": "fp8",
                                                  "weight_block_size": [128]}),
      "config.json: fp8 'weight_block_size' must be two positive integers, got [128]"),
