@@ -32,6 +32,19 @@ const float* input_norm_of(const py::handle& input_norm, int64_t hidden,
 
 const float* fp32_data(const TensorArg& a) { return static_cast<const float*>(a.data); }
 
+// An optional fp32 vector argument: None, or [n] float32 (kept alive by keep).
+const float* fp32_vector(const py::handle& obj, const char* name, const char* layout, int64_t n,
+                         std::vector<TensorArg>& keep) {
+  if (obj.is_none()) return nullptr;
+  TensorArg arg = check_tensor(obj, name, layout, 1, {"float32"});
+  if (arg.shape[0] != n) {
+    fail(std::string(name) + " " + shape_str(arg.shape) + " must be [" + std::to_string(n) +
+         "]");
+  }
+  keep.push_back(arg);
+  return fp32_data(arg);
+}
+
 }  // namespace
 
 void attention_weights(DecodeAttentionProblem& p, const std::string& dtype, int64_t hidden,
@@ -39,7 +52,8 @@ void attention_weights(DecodeAttentionProblem& p, const std::string& dtype, int6
                        const py::handle& k_norm, int64_t num_heads, int64_t num_kv_heads,
                        bool gated, double eps, double scale, const py::handle& input_norm,
                        double input_eps, std::vector<TensorArg>& keep,
-                       const py::handle& qkv_bias) {
+                       const py::handle& qkv_bias, const py::handle& sinks, int64_t window,
+                       const py::handle& o_bias) {
   const std::vector<std::string> same = {dtype};
   TensorArg qa = check_tensor(qkv_w, "qkv_w", "[rows, H]", 2, same);
   TensorArg oa = check_tensor(o_w, "o_w", "[H, nh * hd]", 2, same);
@@ -85,6 +99,10 @@ void attention_weights(DecodeAttentionProblem& p, const std::string& dtype, int6
     p.qkv_bias = fp32_data(ba);
     keep.push_back(std::move(ba));
   }
+  if (window < 0) fail("window must be >= 0 (0: no window), got " + std::to_string(window));
+  p.sinks = fp32_vector(sinks, "sinks", "[nh]", num_heads, keep);
+  p.window = window;
+  p.o_bias = fp32_vector(o_bias, "o_bias", "[H]", hidden, keep);
   p.eps = static_cast<float>(eps);
   p.scale = static_cast<float>(scale);
   p.input_norm = input_norm_of(input_norm, hidden, keep);
@@ -209,9 +227,13 @@ void moe_weights(MoeBlockProblem& p, const std::string& dtype, int64_t hidden,
                  const py::handle& shared_gate_up, const py::handle& shared_down, int64_t top_k,
                  bool norm_topk_prob, std::vector<TensorArg>& keep,
                  const py::handle& score_bias, int64_t n_group, int64_t topk_group,
-                 double routed_scaling) {
+                 double routed_scaling, const py::handle& router_bias, const GluArgs& glu) {
   const std::vector<std::string> same = {dtype};
   const bool sigmoid = !score_bias.is_none();
+  if (!router_bias.is_none() && sigmoid) fail("router_bias and score_bias select two routings");
+  if (!router_bias.is_none() && !shared_gate_up.is_none()) {
+    fail("router_bias (gpt-oss routing) takes no shared expert");
+  }
   TensorArg na = check_tensor(norm, "norm", "[H]", 1, {"float32"});
   TensorArg ra = sigmoid ? check_tensor(router, "router", "[E, H]", 2, {"float32"})
                          : check_tensor(router, "router", "[E (+1), H]", 2, same);
@@ -247,6 +269,16 @@ void moe_weights(MoeBlockProblem& p, const std::string& dtype, int64_t hidden,
   if (top_k < 1 || top_k > E) {
     fail("top_k " + std::to_string(top_k) + " outside [1, " + std::to_string(E) + "]");
   }
+  p.router_bias = fp32_vector(router_bias, "router_bias", "[E]", E, keep);
+  MoeProblem experts;
+  std::vector<py::object> glu_keep;
+  apply_glu(glu, E, H, I, experts, glu_keep);
+  for (py::object& obj : glu_keep) keep.push_back(TensorArg{std::move(obj)});
+  p.gate_up_bias = experts.gate_up_bias;
+  p.down_bias = experts.down_bias;
+  p.swiglu_clamp = experts.swiglu_clamp;
+  p.swiglu_limit = experts.swiglu_limit;
+  p.swiglu_alpha = experts.swiglu_alpha;
   if (shared) {
     TensorArg sg = check_tensor(shared_gate_up, "shared_gate_up", "[2Is, H]", 2, same);
     TensorArg sd = check_tensor(shared_down, "shared_down", "[H, Is]", 2, same);
@@ -299,13 +331,14 @@ py::object attention_decode(const py::handle& x, const py::handle& qkv_w, const 
                             const py::handle& kv_slots, const py::handle& kv_offsets,
                             int64_t num_heads, int64_t num_kv_heads, bool gated, double eps,
                             double scale, const py::handle& input_norm, double input_eps,
-                            const std::optional<std::string>& isa, const py::handle& qkv_bias) {
+                            const std::optional<std::string>& isa, const py::handle& qkv_bias,
+                            const py::handle& sinks, int64_t window, const py::handle& o_bias) {
   TensorArg xa = check_tensor(x, "x", "[B, H]", 2, kDense);
   const int64_t B = xa.shape[0], H = xa.shape[1];
   std::vector<TensorArg> keep;
   DecodeAttentionProblem p;
   attention_weights(p, xa.dtype, H, qkv_w, o_w, q_norm, k_norm, num_heads, num_kv_heads, gated,
-                    eps, scale, input_norm, input_eps, keep, qkv_bias);
+                    eps, scale, input_norm, input_eps, keep, qkv_bias, sinks, window, o_bias);
   TensorArg pk = check_tensor(pool_k, "pool_k", "[slots, nkv, hd]", 3, {xa.dtype});
   TensorArg pv = check_tensor(pool_v, "pool_v", "[slots, nkv, hd]", 3, {xa.dtype});
   if (pk.shape != pv.shape || pk.shape[1] != num_kv_heads || pk.shape[2] != p.head_dim) {
@@ -332,13 +365,17 @@ py::tuple moe_block_decode(const py::handle& h, const py::handle& norm, double e
                            const py::handle& down, const py::handle& shared_gate_up,
                            const py::handle& shared_down, int64_t top_k, bool norm_topk_prob,
                            const std::optional<std::string>& isa, const py::handle& score_bias,
-                           int64_t n_group, int64_t topk_group, double routed_scaling) {
+                           int64_t n_group, int64_t topk_group, double routed_scaling,
+                           const py::handle& router_bias, const py::object& gate_up_bias,
+                           const py::object& down_bias, std::optional<double> swiglu_limit,
+                           double swiglu_alpha) {
   TensorArg ha = check_tensor(h, "h", "[B, H]", 2, kDense);
   const int64_t B = ha.shape[0], H = ha.shape[1];
   std::vector<TensorArg> keep;
   MoeBlockProblem p;
   moe_weights(p, ha.dtype, H, norm, eps, router, gate_up, down, shared_gate_up, shared_down,
-              top_k, norm_topk_prob, keep, score_bias, n_group, topk_group, routed_scaling);
+              top_k, norm_topk_prob, keep, score_bias, n_group, topk_group, routed_scaling,
+              router_bias, {gate_up_bias, down_bias, swiglu_limit, swiglu_alpha});
   p.batch = B;
   p.h = ha.data;
   p.isa = resolve_isa(isa);
@@ -388,6 +425,7 @@ void bind_decode(py::module_& m) {
         py::arg("num_kv_heads"), py::arg("gated"), py::arg("eps"), py::arg("scale"),
         py::arg("input_norm") = py::none(), py::arg("input_eps") = 1e-6,
         py::arg("isa") = py::none(), py::arg("qkv_bias") = py::none(),
+        py::arg("sinks") = py::none(), py::arg("window") = 0, py::arg("o_bias") = py::none(),
         "One decode step of a paged GQA attention layer for B sequences (freetoken/attention.h): "
         "writes the new K/V into pool_k / pool_v, returns the o_proj output [B, H] fp32 (with "
         "input_norm: x is the residual stream h, returns h + o_proj(attention(RMSNorm(h)))).");
@@ -396,6 +434,9 @@ void bind_decode(py::module_& m) {
         py::arg("shared_down"), py::arg("top_k"), py::arg("norm_topk_prob"),
         py::arg("isa") = py::none(), py::arg("score_bias") = py::none(),
         py::arg("n_group") = 1, py::arg("topk_group") = 1, py::arg("routed_scaling") = 1.0,
+        py::arg("router_bias") = py::none(), py::arg("gate_up_bias") = py::none(),
+        py::arg("down_bias") = py::none(), py::arg("swiglu_limit") = py::none(),
+        py::arg("swiglu_alpha") = 1.702,
         "One decode step of a sparse MoE block with resident dense experts "
         "(freetoken/moe_block.h): returns (h + block(h) [B, H] fp32, topk_ids [B, k] int64).");
   m.def("gdn_decode", &gdn_decode, py::arg("x"), py::arg("in_w"), py::arg("conv_w"),

@@ -151,43 +151,6 @@ Activations parse_activations(const std::string& activations, WeightFormat forma
                         "'; expected one of: fp32, q8, bf16");
 }
 
-// The gpt-oss expert options of one submit, as passed from Python (checked in apply_glu).
-struct GluArgs {
-  py::object gate_up_bias;           // None or [N, 2I] float32
-  py::object down_bias;              // None or [N, H] float32
-  std::optional<double> swiglu_limit;  // None: silu(g) * u
-  double swiglu_alpha = 1.702;
-};
-
-// Checks `glu` against banks of N experts, H hidden, I intermediate and sets p's gpt-oss fields;
-// the bias tensors join `keep`. Raises TypeError / ValueError (messages name the argument).
-void apply_glu(const GluArgs& glu, int64_t n, int64_t h, int64_t i, MoeProblem& p,
-               std::vector<py::object>& keep) {
-  p.gate_up_bias = check_bias(glu.gate_up_bias, "gate_up_bias", "[N, 2I]", n, 2 * i, keep);
-  p.down_bias = check_bias(glu.down_bias, "down_bias", "[N, H]", n, h, keep);
-  const auto repr = [](double v) { return py::repr(py::float_(v)).cast<std::string>(); };
-  if (!std::isfinite(glu.swiglu_alpha)) {
-    throw py::value_error("swiglu_alpha must be finite, got " + repr(glu.swiglu_alpha));
-  }
-  if (!glu.swiglu_limit) {
-    // alpha only exists in the gpt-oss activation: a changed alpha without it would be ignored.
-    if (glu.swiglu_alpha != 1.702) {
-      throw py::value_error("swiglu_alpha applies only with swiglu_limit (the gpt-oss "
-                            "activation); got swiglu_alpha=" + repr(glu.swiglu_alpha) +
-                            " with swiglu_limit=None");
-    }
-    return;
-  }
-  // Checked as the float the kernel gets: a positive double below the float range is 0 there.
-  if (!(static_cast<float>(*glu.swiglu_limit) > 0.0f)) {
-    throw py::value_error("swiglu_limit must be > 0 (inf: the gpt-oss activation without a "
-                          "clamp; None: silu(g) * u), got " + repr(*glu.swiglu_limit));
-  }
-  p.swiglu_clamp = true;
-  p.swiglu_limit = static_cast<float>(*glu.swiglu_limit);
-  p.swiglu_alpha = static_cast<float>(glu.swiglu_alpha);
-}
-
 std::vector<int64_t> copy_i64(const TensorArg& t) {
   const auto* p = static_cast<const int64_t*>(t.data);
   return std::vector<int64_t>(p, p + t.shape[0]);

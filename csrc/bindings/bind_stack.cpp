@@ -124,10 +124,11 @@ class DecodeStackHandle {
 
  private:
   // (mixer, mixer_args, moe_args): mixer "attention" with (qkv_w, o_w, q_norm, k_norm,
-  // num_heads, num_kv_heads, gated, eps, scale, input_norm, input_eps, pool_layer, qkv_bias),
-  // or "gdn" with (in_w, conv_w, dt_bias, a_log, norm_w, out_w, num_k_heads, num_v_heads, eps,
-  // input_norm, input_eps); moe_args (norm, eps, router, gate_up, down, shared_gate_up,
-  // shared_down, top_k, norm_topk_prob, score_bias, n_group, topk_group, routed_scaling).
+  // num_heads, num_kv_heads, gated, eps, scale, input_norm, input_eps, pool_layer, qkv_bias,
+  // sinks, window, o_bias), or "gdn" with (in_w, conv_w, dt_bias, a_log, norm_w, out_w,
+  // num_k_heads, num_v_heads, eps, input_norm, input_eps); moe_args (norm, eps, router, gate_up,
+  // down, shared_gate_up, shared_down, top_k, norm_topk_prob, score_bias, n_group, topk_group,
+  // routed_scaling, router_bias, gate_up_bias, down_bias, swiglu_limit, swiglu_alpha).
   void add_layer(const py::tuple& spec) {
     if (spec.size() != 3) fail("a layer is (mixer, mixer_args, moe_args)");
     const std::string mixer = spec[0].cast<std::string>();
@@ -135,10 +136,11 @@ class DecodeStackHandle {
     const int64_t H = s_.hidden;
     DecodeStackLayer layer;
     if (mixer == "attention") {
-      if (a.size() != 13) fail("attention takes 13 arguments");
+      if (a.size() != 16) fail("attention takes 16 arguments");
       attention_weights(layer.attn, dtype_, H, a[0], a[1], a[2], a[3], a[4].cast<int64_t>(),
                         a[5].cast<int64_t>(), a[6].cast<bool>(), a[7].cast<double>(),
-                        a[8].cast<double>(), a[9], a[10].cast<double>(), keep_, a[12]);
+                        a[8].cast<double>(), a[9], a[10].cast<double>(), keep_, a[12], a[13],
+                        a[14].cast<int64_t>(), a[15]);
       if (layer.attn.input_norm == nullptr) fail("attention needs its input_norm");
       layer.pool_layer = a[11].cast<int64_t>();
       if (layer.pool_layer < 0) fail("pool_layer must be >= 0");
@@ -160,10 +162,13 @@ class DecodeStackHandle {
     } else {
       fail("mixer must be 'attention' or 'gdn', got '" + mixer + "'");
     }
-    if (m.size() != 13) fail("moe takes 13 arguments");
+    if (m.size() != 18) fail("moe takes 18 arguments");
+    const GluArgs glu{py::reinterpret_borrow<py::object>(m[14]),
+                      py::reinterpret_borrow<py::object>(m[15]),
+                      m[16].cast<std::optional<double>>(), m[17].cast<double>()};
     moe_weights(layer.moe, dtype_, H, m[0], m[1].cast<double>(), m[2], m[3], m[4], m[5], m[6],
                 m[7].cast<int64_t>(), m[8].cast<bool>(), keep_, m[9], m[10].cast<int64_t>(),
-                m[11].cast<int64_t>(), m[12].cast<double>());
+                m[11].cast<int64_t>(), m[12].cast<double>(), m[13], glu);
     s_.top_k = std::max(s_.top_k, layer.moe.top_k);  // a dense MLP block routes to 1
     layer.attn.isa = layer.gdn.isa = layer.moe.isa = s_.isa;
     s_.layers.push_back(std::move(layer));

@@ -11,6 +11,7 @@
 
 #include "freetoken/attention.h"
 #include "freetoken/gdn.h"
+#include "bank_args.h"
 #include "freetoken/moe_block.h"
 #include "tensor_arg.h"
 
@@ -18,13 +19,16 @@ namespace freetoken::bindings {
 
 // The attention layer's weights and head layout into p (dtype: the model dtype name, hidden:
 // H); hd is q_norm's length, or follows from qkv_w's rows when q_norm / k_norm are None (no
-// q/k norm). qkv_bias: [rows] fp32 or None. Tensors go to keep.
+// q/k norm). qkv_bias: [rows] fp32 or None; gpt-oss's sinks [nh] fp32, window >= 0 and o_bias
+// [H] fp32, or None / 0. Tensors go to keep.
 void attention_weights(DecodeAttentionProblem& p, const std::string& dtype, int64_t hidden,
                        const py::handle& qkv_w, const py::handle& o_w, const py::handle& q_norm,
                        const py::handle& k_norm, int64_t num_heads, int64_t num_kv_heads,
                        bool gated, double eps, double scale, const py::handle& input_norm,
                        double input_eps, std::vector<TensorArg>& keep,
-                       const py::handle& qkv_bias = py::none());
+                       const py::handle& qkv_bias = py::none(),
+                       const py::handle& sinks = py::none(), int64_t window = 0,
+                       const py::handle& o_bias = py::none());
 
 // The step's RoPE tables and KV slots of B sequences into p (cos / sin [B, rot / 2] fp32 with
 // rot <= head_dim, kv_slots [N] int64, kv_offsets [B + 1] non-decreasing within [0, N]).
@@ -45,14 +49,17 @@ void gdn_states(const GdnDecodeProblem& p, const std::string& dtype, int64_t bat
                 std::vector<float*>& rec, std::vector<TensorArg>& keep);
 
 // The MoE block's norm, router and experts into p. score_bias [E] fp32 (not None) selects
-// sigmoid group routing (n_group, topk_group, routed_scaling; router fp32 [E, H]).
+// sigmoid group routing (n_group, topk_group, routed_scaling; router fp32 [E, H]); router_bias
+// [E] fp32 gpt-oss's biased top-k routing (no shared expert, no score_bias); glu the experts'
+// gpt-oss biases and clamped SwiGLU (checked as the expert kernel's, bank_args.h).
 void moe_weights(MoeBlockProblem& p, const std::string& dtype, int64_t hidden,
                  const py::handle& norm, double eps, const py::handle& router,
                  const py::handle& gate_up, const py::handle& down,
                  const py::handle& shared_gate_up, const py::handle& shared_down, int64_t top_k,
                  bool norm_topk_prob, std::vector<TensorArg>& keep,
                  const py::handle& score_bias = py::none(), int64_t n_group = 1,
-                 int64_t topk_group = 1, double routed_scaling = 1.0);
+                 int64_t topk_group = 1, double routed_scaling = 1.0,
+                 const py::handle& router_bias = py::none(), const GluArgs& glu = GluArgs());
 
 // A new torch int64 tensor [rows, cols] and its data.
 py::object empty_int64(int64_t rows, int64_t cols, int64_t** data);

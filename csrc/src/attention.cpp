@@ -2,7 +2,8 @@
 // two projections run the rows_dot kernels through linear_forward, the per-head norms and RoPE
 // run on the calling thread (a few thousand values), and the attention core runs one task per
 // (sequence, kv head - or all kv heads of a long sequence -, chunk of kAttendChunk positions) on
-// the pool in its ISA variant.
+// the pool in its ISA variant. Sinks and windows only change which positions the tasks cover and
+// how their partial sums merge, so every variant shares them.
 #include "freetoken/attention.h"
 
 #include <algorithm>
@@ -122,9 +123,12 @@ void attention_decode(const DecodeAttentionProblem& p, ThreadPool& pool) {
   int64_t rows_out = 0;
   for (int64_t b = 0; b < B; ++b) {
     const int64_t n = p.kv_offsets[b + 1] - p.kv_offsets[b];
-    const int64_t span = (n + kAttendChunk - 1) / kAttendChunk >= kWholeRowChunks ? nkv : 1;
+    // a window's first visible slot; its chunks start there, so the no-window split is unchanged
+    const int64_t first = p.window > 0 && n > p.window ? n - p.window : 0;
+    const int64_t chunks = (n - first + kAttendChunk - 1) / kAttendChunk;
+    const int64_t span = chunks >= kWholeRowChunks ? nkv : 1;
     for (int64_t h = 0; h < nkv; h += span) {
-      for (int64_t c = 0; c < n; c += kAttendChunk) {
+      for (int64_t c = first; c < n; c += kAttendChunk) {
         tasks.push_back({b, h, span, c, std::min(n, c + kAttendChunk), rows_out});
         rows_out += span * group;
       }
@@ -160,7 +164,8 @@ void attention_decode(const DecodeAttentionProblem& p, ThreadPool& pool) {
   });
 
   // Merge the chunks of each (sequence, query head) in chunk order: rescale to the overall
-  // maximum. The tasks of one (sequence, kv head run) are consecutive, in chunk order.
+  // maximum (the sink's logit included). The tasks of one (sequence, kv head run) are
+  // consecutive, in chunk order.
   std::vector<float> attn(B * nq);
   for (int64_t t0 = 0; t0 < num_tasks;) {
     int64_t t1 = t0;
@@ -169,18 +174,22 @@ void attention_decode(const DecodeAttentionProblem& p, ThreadPool& pool) {
       ++t1;
     }
     for (int64_t h = 0; h < tasks[t0].kv_heads * group; ++h) {
+      const int64_t head = tasks[t0].kv_head * group + h;
+      const bool sink = p.sinks != nullptr;
       float mx = m[tasks[t0].out + h];
       for (int64_t t = t0 + 1; t < t1; ++t) mx = std::max(mx, m[tasks[t].out + h]);
-      float* dst = attn.data() + tasks[t0].seq * nq + (tasks[t0].kv_head * group + h) * hd;
+      if (sink) mx = std::max(mx, p.sinks[head]);
+      float* dst = attn.data() + tasks[t0].seq * nq + head * hd;
       float denom = 0.0f;
       std::fill(dst, dst + hd, 0.0f);
       for (int64_t t = t0; t < t1; ++t) {
         const int64_t r = tasks[t].out + h;
-        const float w = t1 - t0 == 1 ? 1.0f : std::exp(m[r] - mx);
+        const float w = t1 - t0 == 1 && !sink ? 1.0f : std::exp(m[r] - mx);
         denom += w * l[r];
         const float* src = acc.data() + r * hd;
         for (int64_t j = 0; j < hd; ++j) dst[j] += w * src[j];
       }
+      if (sink) denom += std::exp(p.sinks[head] - mx);
       const float inv = 1.0f / denom;
       for (int64_t j = 0; j < hd; ++j) dst[j] *= inv;
     }
@@ -200,7 +209,7 @@ void attention_decode(const DecodeAttentionProblem& p, ThreadPool& pool) {
     keep(attn.data(), B * nq);
   }
   project_residual(attn.data(), B, nq, p.o_w, p.hidden, p.bf16, p.isa,
-                   residual ? normed.h.data() : nullptr, p.out, pool);
+                   residual ? normed.h.data() : nullptr, p.out, pool, p.o_bias);
 }
 
 }  // namespace freetoken

@@ -68,16 +68,30 @@ void project(const void* x, bool x_is_bf16, int64_t rows, int64_t in, const void
   linear_forward(p, pool);
 }
 
+namespace {
+
+// y [rows, n] += bias [n] after rounding y to the model dtype.
+void add_bias(float* y, int64_t rows, int64_t n, const float* bias, bool bf16) {
+  if (bf16) round_to_bf16(y, rows * n);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t i = 0; i < n; ++i) y[r * n + i] += bias[i];
+  }
+}
+
+}  // namespace
+
 void project_residual(const float* x, int64_t rows, int64_t in, const void* w,
                       int64_t out_features, bool bf16, Isa isa, const float* h, float* out,
-                      ThreadPool& pool) {
+                      ThreadPool& pool, const float* bias) {
   if (h == nullptr) {
     project(x, false, rows, in, w, out_features, bf16, isa, out, pool);
+    if (bias != nullptr) add_bias(out, rows, out_features, bias, bf16);
     return;
   }
   const int64_t count = rows * out_features;
   std::vector<float> y(count);
   project(x, false, rows, in, w, out_features, bf16, isa, y.data(), pool);
+  if (bias != nullptr) add_bias(y.data(), rows, out_features, bias, bf16);
   if (bf16) round_to_bf16(y.data(), count);
   residual_add(h, y.data(), bf16, out, count);
 }

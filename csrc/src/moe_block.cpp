@@ -1,6 +1,7 @@
 // The decode MoE block over the pool (freetoken/moe_block.h), compiled without ISA flags: the
-// norm and the routing (softmax, or GLM's sigmoid group routing) run on the calling thread (B * (H + E) values), the router, the experts
-// and the shared expert through linear_forward / moe_forward, so the whole block is one job.
+// norm and the routing (softmax, GLM's sigmoid group routing or gpt-oss's biased top-k) run on
+// the calling thread (B * (H + E) values), the router, the experts and the shared expert through
+// linear_forward / moe_forward, so the whole block is one job.
 #include "freetoken/moe_block.h"
 
 #include <algorithm>
@@ -62,6 +63,24 @@ void sigmoid_route(const MoeBlockProblem& p, const float* l, std::vector<float>&
   }
 }
 
+// gpt-oss routing of one token's logits l [E] (model-dtype values; see MoeBlockProblem): the
+// chosen experts in descending biased logit (ties: lower id) into order[0, K), their fp32
+// softmax weights into w[0, K). kept rounds a value to the model dtype.
+template <typename Kept>
+void biased_topk_route(const MoeBlockProblem& p, const float* l, std::vector<float>& choice,
+                       std::vector<int64_t>& order, float* w, const Kept& kept) {
+  const int64_t E = p.num_experts, K = p.top_k;
+  for (int64_t e = 0; e < E; ++e) choice[e] = kept(l[e] + p.router_bias[e]);
+  std::iota(order.begin(), order.end(), 0);
+  std::partial_sort(order.begin(), order.begin() + K, order.end(), [&](int64_t a, int64_t c) {
+    return choice[a] > choice[c] || (choice[a] == choice[c] && a < c);
+  });
+  const float mx = choice[order[0]];
+  float sum = 0.0f;
+  for (int64_t j = 0; j < K; ++j) sum += w[j] = std::exp(choice[order[j]] - mx);
+  for (int64_t j = 0; j < K; ++j) w[j] /= sum;
+}
+
 }  // namespace
 
 void moe_block_decode(const MoeBlockProblem& p, ThreadPool& pool) {
@@ -94,7 +113,8 @@ void moe_block_decode(const MoeBlockProblem& p, ThreadPool& pool) {
     dense(x.data(), H, p.router, rows, logits.data());
   }
 
-  // softmax over the E routed logits in fp32, the top k, renormalised, in the model dtype
+  // the routing weights in the model dtype (softmax routing: over the E routed logits in fp32,
+  // the top k, renormalised)
   MoeProblem moe;
   moe.x = x.data();
   moe.num_tokens = B;
@@ -106,12 +126,21 @@ void moe_block_decode(const MoeBlockProblem& p, ThreadPool& pool) {
   moe.down.format = format;
   moe.down.values = p.down;
   moe.isa = p.isa;
+  moe.gate_up_bias = p.gate_up_bias;
+  moe.down_bias = p.down_bias;
+  moe.swiglu_clamp = p.swiglu_clamp;
+  moe.swiglu_limit = p.swiglu_limit;
+  moe.swiglu_alpha = p.swiglu_alpha;
   std::vector<float> probs(E), choice(E), weights(K);
   std::vector<int64_t> order(E);
   for (int64_t b = 0; b < B; ++b) {
     const float* l = logits.data() + b * rows;
-    if (sigmoid_routing) {
-      sigmoid_route(p, l, probs, choice, order, weights.data());
+    if (sigmoid_routing || p.router_bias != nullptr) {
+      if (sigmoid_routing) {
+        sigmoid_route(p, l, probs, choice, order, weights.data());
+      } else {
+        biased_topk_route(p, l, choice, order, weights.data(), kept);
+      }
       for (int64_t j = 0; j < K; ++j) {
         moe.token_ids.push_back(b);
         moe.expert_ids.push_back(order[j]);

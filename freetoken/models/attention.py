@@ -182,6 +182,12 @@ class Attention(nn.Module):
         weights)."""
         return cpu_kernel_fits(x[:1], self.qkv_weight, self.o_weight)
 
+    def decode_extras(self) -> dict:
+        """Keyword arguments of :func:`~freetoken.ops.attention_decode.paged_decode_attention`
+        (and fields of the decode stack's ``AttentionLayer``) beyond this layer's weights and
+        head layout: none here (gpt-oss adds its sinks, window and o_proj bias)."""
+        return {}
+
     def forward_paged_decode(self, h: torch.Tensor, norm: RMSNorm, caches: list[PagedKV],
                              batch: PagedDecodeBatch) -> torch.Tensor:
         """``h + self(norm(h))`` for one new token of each of ``B`` sequences in one C++ call
@@ -207,7 +213,8 @@ class Attention(nn.Module):
             batch.kv_offsets, num_heads=self.nh, num_kv_heads=self.nkv, gated=self.gated,
             eps=self.q_norm.eps if norms else 1e-6, scale=self.scale, input_norm=norm.scale(),
             input_eps=norm.eps,
-            qkv_bias=None if self.qkv_bias is None else self.qkv_bias.float())
+            qkv_bias=None if self.qkv_bias is None else self.qkv_bias.float(),
+            **self.decode_extras())
         for cache in caches:
             cache.length += 1
         return out if h.dtype == torch.float32 else out.to(h.dtype)

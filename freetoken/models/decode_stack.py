@@ -2,7 +2,8 @@
 
 :func:`build_decode_stack` turns the model's layers into a
 :class:`~freetoken.ops.decode_stack.DecodeStack` when every layer fits the C++ decode ops (CPU,
-fp32 / bf16 weights, a sparse MoE block with resident experts or a dense MLP in every layer);
+fp32 / bf16 weights, a sparse MoE block with resident experts or a dense MLP in every layer;
+gpt-oss's sinks, windows and biases included);
 :func:`run_decode_stack` runs one step of paged sequences through it and applies the effects the
 per-layer path has on the Python side (KV lengths, token counts, routing observers).
 """
@@ -17,6 +18,7 @@ from freetoken.models.attention import Attention
 from freetoken.models.gated_deltanet import GatedDeltaNet
 from freetoken.models.moe_sigmoid import SigmoidRoutedMoE
 from freetoken.models.moe import DenseMLP, SparseMoE
+from freetoken.models.norms import RMSNorm
 from freetoken.models.paged import PagedDecodeBatch
 from freetoken.models.state import HybridState
 from freetoken.ops.decode_stack import AttentionLayer, DecodeStack, GdnLayer, MoeLayer
@@ -36,7 +38,8 @@ def _mixer_spec(mixer, norm, pool_layer: int) -> AttentionLayer | GdnLayer:
                           mixer.k_norm.scale() if norms else None, mixer.nh, mixer.nkv,
                           mixer.gated, mixer.q_norm.eps if norms else 1e-6, mixer.scale,
                           norm.scale(), norm.eps, pool_layer,
-                          None if mixer.qkv_bias is None else mixer.qkv_bias.float())
+                          None if mixer.qkv_bias is None else mixer.qkv_bias.float(),
+                          **mixer.decode_extras())
 
 
 def _moe_spec(mlp: SparseMoE | DenseMLP, norm) -> MoeLayer:
@@ -48,7 +51,22 @@ def _moe_spec(mlp: SparseMoE | DenseMLP, norm) -> MoeLayer:
     if isinstance(mlp, SigmoidRoutedMoE):
         spec = dataclasses.replace(spec, score_bias=mlp.score_bias, n_group=mlp.n_group,
                                    topk_group=mlp.topk_group, routed_scaling=mlp.scaling)
-    return spec
+    return dataclasses.replace(spec, **mlp.block_kwargs())
+
+
+def copied_parameters(model) -> list[torch.Tensor]:
+    """The parameters a stack holds copies of rather than reading them where they lie: every
+    norm's weight (the stack takes the fp32 multiplier) and the q/k/v, o_proj and router biases
+    not stored in fp32 (the stack takes them as fp32). A stack built before one of them changed
+    in place is stale."""
+    copied = [m.weight for m in model.modules() if isinstance(m, RMSNorm)]
+    for layer in model.layers:
+        for owner, name in ((layer.mixer, "qkv_bias"), (layer.mixer, "o_bias"),
+                            (layer.mlp, "router_bias")):
+            bias = getattr(owner, name, None)
+            if bias is not None and bias.dtype != torch.float32:
+                copied.append(bias)
+    return copied
 
 
 def build_decode_stack(model) -> DecodeStack | None:

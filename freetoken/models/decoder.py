@@ -25,7 +25,8 @@ from torch import nn
 from freetoken.models.attention import Attention, AttnContext
 from freetoken.models.base import CausalLM, check_batch
 from freetoken.models.config import ModelConfig
-from freetoken.models.decode_stack import build_decode_stack, run_decode_stack
+from freetoken.models.decode_stack import (build_decode_stack, copied_parameters,
+                                           run_decode_stack)
 from freetoken.models.gated_deltanet import GatedDeltaNet
 from freetoken.models.loader import WeightTarget
 from freetoken.models.moe import DenseMLP, SparseMoE
@@ -210,11 +211,12 @@ class DecoderLM(CausalLM):
             return None
         built = self._decode_stack
         if built is None or tuple(w._version for w in built[1]) != built[2]:
-            # the stack holds copies of the norms' multipliers: rebuilt when a norm weight
-            # changed in place (every other weight it reads where it lies)
-            norms = [m.weight for m in self.modules() if isinstance(m, RMSNorm)]
-            built = self._decode_stack = (build_decode_stack(self), norms,
-                                          tuple(w._version for w in norms))
+            # the stack holds copies of the norms' multipliers and of the biases it takes in
+            # fp32: rebuilt when one of them changed in place (every other weight it reads
+            # where it lies)
+            copied = copied_parameters(self)
+            built = self._decode_stack = (build_decode_stack(self), copied,
+                                          tuple(w._version for w in copied))
         stack = built[0]
         if stack is None:
             return None

@@ -7,6 +7,9 @@ softmax attention times ``sigmoid(lse - s_h)`` (``lse`` the log-sum-exp of the s
 how it is computed here: torch's CPU flash attention returns ``lse`` with the output. A
 ``sliding_attention`` layer lets position ``p`` see keys ``p - window < j <= p``; the cache keeps
 every position (so prefix reuse stays exact) and each chunk reads only the window it needs.
+A decode step over paged states runs the layer in one C++ call for every sequence
+(:meth:`Attention.forward_paged_decode`, sinks, window and o_proj bias through
+:meth:`decode_extras`).
 """
 
 from __future__ import annotations
@@ -51,9 +54,11 @@ class GptOssAttention(Attention):
             targets[prefix + "o_proj.bias"] = WeightTarget(self.o_bias)
         return targets
 
-    def paged_decode_fits(self, x: torch.Tensor) -> bool:
-        """The fused C++ decode attention has no sinks or windows: never."""
-        return False
+    def decode_extras(self) -> dict:
+        """The sinks, the window and the o_proj bias (fp32, holding model-dtype values) for the
+        fused C++ decode attention, which adds the bias where :meth:`forward` does."""
+        o_bias = None if self.o_bias is None else self.o_bias.float()
+        return {"sinks": self.sinks, "window": self.window, "o_bias": o_bias}
 
     def forward(self, x: torch.Tensor, cache: KVCache, ctx: AttnContext) -> torch.Tensor:
         """Attend ``T`` new tokens (``x [T, H]``) to the visible cached ones; appends their K/V.

@@ -162,10 +162,17 @@ class SparseMoE(nn.Module):
         shared = (self.shared.gate_up, self.shared.down) if self.has_shared else (None, None)
         out, ids = moe_block_decode(h.contiguous(), norm.scale(), norm.eps, self.router,
                                     self.experts.gate_up, self.experts.down, *shared,
-                                    top_k=self.top_k, norm_topk_prob=self.norm_topk_prob)
+                                    top_k=self.top_k, norm_topk_prob=self.norm_topk_prob,
+                                    **self.block_kwargs())
         if self.routing_observer is not None:
             self.routing_observer(self.moe_layer, ids)
         return out if h.dtype == torch.float32 else out.to(h.dtype)
+
+    def block_kwargs(self) -> dict:
+        """Keyword arguments of :func:`~freetoken.ops.moe_block.moe_block_decode` (and fields of
+        the decode stack's ``MoeLayer``) beyond the router, experts, shared expert and top-k:
+        none here (gpt-oss adds its router bias and the experts' biases and clamp)."""
+        return {}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``[T, H]`` -> ``[T, H]`` routed experts (+ gated shared expert)."""

@@ -6,7 +6,8 @@ Source: transformers ``GptOssTopKRouter`` / ``GptOssExperts`` (model-architectur
 ``y = W_down[e] ((u' + 1) g' sigmoid(alpha g')) + b_down[e]``. The released ``gate_up`` rows
 interleave gate (even) and up (odd); here they are stored de-interleaved, gate rows ``[0:I]``
 then up rows ``[I:2I]``, as every other family's experts (the row permutation is applied at
-load, weights and biases alike).
+load, weights and biases alike). With resident experts a decode step runs the whole block in
+one C++ call (:meth:`SparseMoE.forward_residual` with :meth:`GptOssMoE.block_kwargs`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from freetoken.models.config import ModelConfig
 from freetoken.models.loader import WeightTarget
 from freetoken.models.moe import SparseMoE, _param
 from freetoken.models.moe_forward import ClampedSwiGLU, grouped_swiglu
-from freetoken.ops.linear import linear
+from freetoken.ops.linear import cpu_kernel_fits, linear
 
 
 def deinterleave_rows(rows: int) -> torch.Tensor:
@@ -99,8 +100,18 @@ class GptOssMoE(SparseMoE):
         return ids, torch.softmax(top, dim=-1)
 
     def fused_fits(self, h: torch.Tensor) -> bool:
-        """The fused C++ decode block has no biases or clamped activation: never."""
-        return False
+        """Whether :meth:`~SparseMoE.forward_residual` takes ``h [T, H]``: resident experts,
+        ``h``, the router and the expert weights on the CPU in one kernel dtype, T at decode size
+        (the fp32 biases live beside the weights)."""
+        if not isinstance(self.experts, GptOssExperts):
+            return False
+        return cpu_kernel_fits(h, self.router, self.experts.gate_up, self.experts.down)
+
+    def block_kwargs(self) -> dict:
+        """gpt-oss routing (the router bias, fp32 holding model-dtype values) and the experts'
+        biases and clamped SwiGLU for the fused C++ decode block."""
+        experts = self.experts
+        return {"router_bias": self.router_bias.float(), **experts.activation().kernel_args()}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``[T, H]`` -> ``[T, H]``."""

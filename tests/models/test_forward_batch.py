@@ -142,8 +142,6 @@ def test_paged_decode_runs_each_layer_in_one_call(model, monkeypatch) -> None:
     attn, moe = len(ft._attention_layers()), len(ft.moe_blocks())
     gdn = len(ft.layers) - attn
     expected = [("attention", 3)] * (4 * attn) + [("moe", 3)] * (4 * moe) + [("gdn", 3)] * (4 * gdn)
-    if ft.config.model_type == "gpt_oss":  # sinks, windows, biased experts: not in the C++ ops
-        expected = []
     assert sorted(per_step) == sorted(expected)
     assert calls == []  # the per-sequence path runs no fused call
     assert [layer for layer, _ in routes[True]] == [layer for layer, _ in routes[False]]
@@ -188,8 +186,8 @@ def test_decode_stack_equals_one_call_per_layer(arch, tiny_checkpoint, dtype, mo
         finally:
             ft.set_routing_observer(None)
         out[stack] = logits, states, routes
-        if stack:  # gpt-oss has no decode stack (its layers are not in the C++ ops)
-            assert runs == ([] if arch == "gpt_oss" else [3] * 4)
+        if stack:
+            assert runs == [3] * 4
             runs.clear()
     assert runs == []
     (a, states_a, routes_a), (b, states_b, routes_b) = out[True], out[False]

@@ -122,7 +122,8 @@ def _layer_by_layer(weights, step, isa):
                 step["pool_k"][j], step["pool_v"][j], step["kv_slots"], step["kv_offsets"],
                 num_heads=mixer.num_heads, num_kv_heads=mixer.num_kv_heads, gated=mixer.gated,
                 eps=mixer.eps, scale=mixer.scale, input_norm=mixer.input_norm,
-                input_eps=mixer.input_eps, isa=isa, qkv_bias=mixer.qkv_bias)
+                input_eps=mixer.input_eps, isa=isa, qkv_bias=mixer.qkv_bias, sinks=mixer.sinks,
+                window=mixer.window, o_bias=mixer.o_bias)
         else:
             out = gdn_decode(h, mixer.in_w, mixer.conv_w, mixer.dt_bias, mixer.a_log,
                              mixer.norm_w, mixer.out_w, step["conv_states"][gdn],
@@ -135,7 +136,10 @@ def _layer_by_layer(weights, step, isa):
                                      top_k=moe.top_k, norm_topk_prob=moe.norm_topk_prob,
                                      isa=isa, score_bias=moe.score_bias, n_group=moe.n_group,
                                      topk_group=moe.topk_group,
-                                     routed_scaling=moe.routed_scaling)
+                                     routed_scaling=moe.routed_scaling,
+                                     router_bias=moe.router_bias, gate_up_bias=moe.gate_up_bias,
+                                     down_bias=moe.down_bias, swiglu_limit=moe.swiglu_limit,
+                                     swiglu_alpha=moe.swiglu_alpha)
         h = out.to(dtype)
         ids.append(topk)
     x = F.rms_norm(h.float(), (h.shape[1],), weights["final_norm"], weights["final_eps"])
@@ -254,3 +258,45 @@ def test_glm_layers_equal_the_layer_ops_and_match_reference(isa, dtype):
     else:
         assert relative_rms_error(ref_logits, logits) <= BF16_TOLERANCE
 
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_gpt_oss_layers_equal_the_layer_ops_and_match_reference(isa, dtype):
+    """gpt-oss's layer forms: q/k/v and o_proj biases without q/k norms, sinks, a 32-slot window
+    on every other layer (contexts shorter and longer than it), biased top-k routing and
+    biased experts with the clamped SwiGLU."""
+    shape = ((40, 7, 300), 256, "aaa", (4, 2, 64, 64, False), None, (16, 64, 4, 0), 300)
+    weights, step = _case(shape, dtype, seed=13)
+    g = torch.Generator().manual_seed(14)
+    layers = []
+    for j, (mixer, moe) in enumerate(weights["layers"]):
+        hidden, (e, two_i, _) = mixer.o_w.shape[0], moe.gate_up.shape
+        mixer = dataclasses.replace(
+            mixer, q_norm=None, k_norm=None,
+            qkv_bias=_randn(g, mixer.qkv_w.shape[0], scale=0.5, dtype=dtype).float(),
+            sinks=_randn(g, mixer.num_heads) + 3, window=32 if j % 2 == 0 else 0,
+            o_bias=_randn(g, hidden, dtype=dtype).float())
+        moe = dataclasses.replace(
+            moe, router=_randn(g, e, hidden, scale=2 * hidden**-0.5, dtype=dtype),
+            # g / u past the limit of 7 for a share of them; down scaled back so the experts'
+            # output stays near the residual stream's scale
+            gate_up=_randn(g, e, two_i, hidden, scale=8 * hidden**-0.5, dtype=dtype),
+            down=(moe.down.float() / 8).to(dtype),
+            router_bias=_randn(g, e, dtype=dtype).float(), gate_up_bias=_randn(g, e, two_i),
+            down_bias=_randn(g, e, hidden), swiglu_limit=7.0)
+        layers.append((mixer, moe))
+    weights["layers"] = layers
+    by_layer_step, ref_step = _clone_step(step), _clone_step(step)
+    logits, topk = DecodeStack(**weights, isa=isa).run(**step)
+    want_logits, want_topk = _layer_by_layer(weights, by_layer_step, isa)
+    assert torch.equal(topk, want_topk)
+    for got, want in zip(_states(step), _states(by_layer_step)):
+        assert torch.equal(got, want)
+    assert relative_rms_error(want_logits, logits) <= (1e-6 if dtype == torch.float32 else 4e-3)
+    ref_logits, ref_topk = decode_stack_reference(**weights, **ref_step)
+    if dtype == torch.float32:
+        assert torch.equal(topk, ref_topk)
+        assert relative_rms_error(ref_logits, logits) <= STACK_TOLERANCE
+    else:
+        assert relative_rms_error(ref_logits, logits) <= BF16_TOLERANCE

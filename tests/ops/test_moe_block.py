@@ -124,3 +124,76 @@ def test_sigmoid_routing_arguments_are_checked():
         moe_block_decode(*tensors.values(), **{**config, "score_bias": torch.zeros(3)})
     with pytest.raises(TypeError, match="^router must be float32, got bfloat16"):
         moe_block_decode(*{**tensors, "router": tensors["router"].bfloat16()}.values(), **config)
+
+
+# (tokens, hidden, experts, intermediate, top-k): gpt-oss's biased top-k routing, biased experts
+# and clamped SwiGLU
+GPT_OSS_SHAPES = [
+    (1, 1024, 64, 512, 4),   # small gpt_oss preset
+    (3, 256, 16, 128, 4),    # tiny preset
+    (2, 72, 10, 40, 3),      # odd sizes
+    (5, 64, 5, 37, 5),       # every expert routed
+]
+
+
+def _gpt_oss_case(shape, dtype, seed):
+    b, h, e, i, k = shape
+    tensors, config = _case((b, h, e, i, k, 0, True), dtype, seed)
+    g = torch.Generator().manual_seed(seed + 2)
+    # gate_up scaled so that ~40% of g / u pass the limit of 7 and the clamp matters; router
+    # logits at half the scale above: the biased logits are kept in bf16, whose spacing (2^-4
+    # from 8 up) would move the softmax weights by more than the bf16 tolerance at 4x
+    tensors["gate_up"] = (8 * torch.randn(e, 2 * i, h, generator=g) / h**0.5).to(dtype)
+    tensors["router"] = (2 * torch.randn(e, h, generator=g) / h**0.5).to(dtype)
+    return tensors, dict(config, router_bias=torch.randn(e, generator=g).to(dtype).float(),
+                         gate_up_bias=torch.randn(e, 2 * i, generator=g),
+                         down_bias=torch.randn(e, h, generator=g), swiglu_limit=7.0,
+                         swiglu_alpha=1.702)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("shape", GPT_OSS_SHAPES, ids=lambda s: f"T{s[0]}-H{s[1]}-E{s[2]}-k{s[4]}")
+def test_gpt_oss_routing_and_experts_match_reference(isa, dtype, shape):
+    tensors, config = _gpt_oss_case(shape, dtype, seed=sum(shape) + 1)
+    out, ids = moe_block_decode(*tensors.values(), **config, isa=isa)
+    ref, ref_ids = moe_block_decode_reference(*tensors.values(), **config)
+    assert torch.equal(ids, ref_ids)
+    if dtype == torch.float32:
+        h = tensors["h"].float()
+        assert relative_rms_error(ref - h, out - h) <= MOE_BLOCK_TOLERANCE
+        for change in ({"swiglu_limit": float("inf")}, {"gate_up_bias": None},
+                       {"down_bias": None}):  # each part is applied
+            other, _ = moe_block_decode(*tensors.values(), **{**config, **change}, isa=isa)
+            assert relative_rms_error(ref - h, other - h) > 10 * MOE_BLOCK_TOLERANCE
+    else:
+        assert relative_rms_error(ref, out) <= BF16_TOLERANCE
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_gpt_oss_router_bias_picks_the_experts(isa):
+    """A large bias on some experts makes them the top-k, in bias order, whatever the logits;
+    their weights are the softmax of the biased logits over those k alone."""
+    tensors, config = _gpt_oss_case(GPT_OSS_SHAPES[2], torch.float32, seed=3)
+    bias = torch.zeros(10)
+    bias[[7, 2, 5]] = torch.tensor([300.0, 200.0, 100.0])
+    out, ids = moe_block_decode(*tensors.values(), **{**config, "router_bias": bias}, isa=isa)
+    assert ids.tolist() == [[7, 2, 5]] * 2
+    ref, _ = moe_block_decode_reference(*tensors.values(), **{**config, "router_bias": bias})
+    h = tensors["h"].float()
+    assert relative_rms_error(ref - h, out - h) <= MOE_BLOCK_TOLERANCE
+
+
+def test_gpt_oss_arguments_are_checked():
+    tensors, config = _gpt_oss_case(GPT_OSS_SHAPES[2], torch.float32, seed=1)
+    with pytest.raises(ValueError, match=r"^router_bias \[3\] must be \[10\]"):
+        moe_block_decode(*tensors.values(), **{**config, "router_bias": torch.zeros(3)})
+    with pytest.raises(ValueError, match="^router_bias and score_bias select two routings"):
+        moe_block_decode(*tensors.values(), **{**config, "score_bias": torch.zeros(10)})
+    shared = dict(tensors, shared_gate_up=torch.zeros(8, 72), shared_down=torch.zeros(72, 4))
+    with pytest.raises(ValueError, match=r"^router_bias \(gpt-oss routing\) takes no shared"):
+        moe_block_decode(*shared.values(), **config)
+    with pytest.raises(ValueError, match="^swiglu_limit must be > 0"):
+        moe_block_decode(*tensors.values(), **{**config, "swiglu_limit": 0.0})
+    with pytest.raises(ValueError, match=r"^down_bias \[10, 71\] does not match"):
+        moe_block_decode(*tensors.values(), **{**config, "down_bias": torch.zeros(10, 71)})

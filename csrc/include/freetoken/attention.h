@@ -2,7 +2,8 @@
 // a shared paged pool: the fused q/k/v projection, per-head q/k RMSNorm, RoPE (NeoX half form,
 // partial rotary), the new K/V written into the pool at each sequence's new slot, attention of
 // each query head over its sequence's slots read in place (no gather), the optional Qwen3-Next
-// output gate and o_proj. Sources: transformers Qwen3MoeAttention / Qwen3NextAttention.
+// output gate and o_proj. gpt-oss adds per-head sink logits, a sliding window and an o_proj
+// bias. Sources: transformers Qwen3MoeAttention / Qwen3NextAttention / GptOssAttention.
 #pragma once
 
 #include <cstdint>
@@ -39,6 +40,14 @@ struct DecodeAttentionProblem {
   const float* k_norm = nullptr;  // [hd] of k
   float eps = 1e-6f;
   float scale = 1.0f;            // softmax scale (hd ** -0.5)
+  // gpt-oss sinks: query head h's softmax gets one more logit s_h that takes probability mass
+  // and no value, P = exp(scores) / (sum exp(scores) + exp(s_h)); the maximum the merge rescales
+  // to includes s_h. Null: plain softmax.
+  const float* sinks = nullptr;  // [nh] fp32 or null
+  // > 0: a sequence of n slots attends only to its last min(n, window) slots (the new token's
+  // included: key j visible from position p iff p - window < j <= p); 0: to all of them.
+  int64_t window = 0;
+  const float* o_bias = nullptr;  // [H] or null: added to o_proj's output (rounded like qkv_bias)
   const float* cos = nullptr;    // [B, rot / 2] at each sequence's new position
   const float* sin = nullptr;    // [B, rot / 2]
   void* pool_k = nullptr;        // [num_slots, nkv, hd] this layer's K rows (model dtype)
@@ -47,7 +56,7 @@ struct DecodeAttentionProblem {
   const int64_t* kv_slots = nullptr;    // the sequences' slots, position order, concatenated
   const int64_t* kv_offsets = nullptr;  // [B + 1]: sequence b owns kv_slots[off[b], off[b+1]);
                                         // its last slot receives the new token's K/V
-  float* out = nullptr;  // [B, H] fp32 o_proj output, or h + it (fully overwritten)
+  float* out = nullptr;  // [B, H] fp32 o_proj output (+ o_bias), or h + it (fully overwritten)
   Isa isa = Isa::kScalar;
 };
 

@@ -38,10 +38,12 @@ void project(const void* x, bool x_is_bf16, int64_t rows, int64_t in, const void
 
 // The output projection of a block, x fp32: without h, out = project(x, w); with h (the
 // residual stream, fp32) the projection is rounded to bf16 values for a bf16 model and out =
-// residual_add(h, it).
+// residual_add(h, it). bias [out_features] (fp32 holding model-dtype values, or null) is added
+// to the projection rounded to the model dtype (F.linear's output, then `+ bias`), the sum
+// rounded again before the residual add; without h the sum is returned unrounded.
 void project_residual(const float* x, int64_t rows, int64_t in, const void* w,
                       int64_t out_features, bool bf16, Isa isa, const float* h, float* out,
-                      ThreadPool& pool);
+                      ThreadPool& pool, const float* bias = nullptr);
 
 float silu(float v);     // v / (1 + exp(-v))
 float sigmoid(float v);  // 1 / (1 + exp(-v))

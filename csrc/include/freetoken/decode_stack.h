@@ -1,9 +1,10 @@
-// A whole decode step of a Qwen3 MoE decoder on the CPU in one call: the token embedding, every
+// A whole decode step of a MoE decoder on the CPU in one call: the token embedding, every
 // layer's mixer (paged GQA attention or Gated DeltaNet) and sparse MoE block, each with its
 // pre-norm and residual add, then the final RMSNorm and the lm_head. Each layer runs exactly the
 // per-layer decode ops (attention.h, gdn.h, moe_block.h) in order, the residual stream kept in
 // the model dtype between them, so the step's result equals calling those ops one by one.
-// Sources: transformers Qwen3MoeModel / Qwen3NextModel decoder loop.
+// gpt-oss's layers (sinks, windows, biases, biased routing) are fields of those ops' problems.
+// Sources: transformers Qwen3MoeModel / Qwen3NextModel / GptOssModel decoder loop.
 #pragma once
 
 #include <cstdint>

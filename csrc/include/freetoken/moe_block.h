@@ -1,7 +1,9 @@
 // One decode step of a sparse MoE block for B tokens on the CPU with resident dense experts:
-// the post-attention RMSNorm, the router, softmax top-k routing, the routed SwiGLU experts
-// (moe_forward), the optional sigmoid-gated shared expert and the residual add. Sources:
-// transformers Qwen3MoeSparseMoeBlock / Qwen3NextSparseMoeBlock and their TopKRouter.
+// the post-attention RMSNorm, the router, softmax top-k routing (or GLM's sigmoid group routing,
+// or gpt-oss's biased top-k), the routed SwiGLU experts (moe_forward, with gpt-oss's biases and
+// clamped activation when given), the optional shared expert and the residual add. Sources:
+// transformers Qwen3MoeSparseMoeBlock / Qwen3NextSparseMoeBlock / Glm4MoeMoE / GptOssMLP and
+// their routers.
 #pragma once
 
 #include <cstdint>
@@ -37,13 +39,24 @@ struct MoeBlockProblem {
   int64_t n_group = 1;
   int64_t topk_group = 1;
   float routed_scaling = 1.0f;
+  // gpt-oss routing (transformers GptOssTopKRouter), selected by router_bias: logits in the
+  // model dtype plus router_bias (the sum rounded like it), the top_k biased logits chosen
+  // (ties: lower id), their softmax over those k the weights (rounded; norm_topk_prob unused).
+  // No shared expert.
+  const float* router_bias = nullptr;  // [E] fp32 holding model-dtype values, or null
+  // gpt-oss experts (moe.h MoeProblem): biases and the clamped SwiGLU, whatever the routing.
+  const float* gate_up_bias = nullptr;  // [E, 2I] fp32 or null
+  const float* down_bias = nullptr;     // [E, H] fp32 or null
+  bool swiglu_clamp = false;
+  float swiglu_limit = 0.0f;
+  float swiglu_alpha = 1.702f;
   const void* gate_up = nullptr;  // [E, 2I, H]
   const void* down = nullptr;     // [E, H, I]
   const void* shared_gate_up = nullptr;  // [2Is, H]
   const void* shared_down = nullptr;     // [H, Is]
   float* out = nullptr;           // [B, H] fp32: h + block(h) (fully overwritten)
   int64_t* topk_ids = nullptr;    // [B, top_k] routed expert ids, probability (sigmoid: biased
-                                  // score) descending
+                                  // score; gpt-oss: biased logit) descending
   Isa isa = Isa::kScalar;
 };
 

@@ -2,9 +2,10 @@
 
 :func:`paged_decode_attention` runs a whole attention layer for ``B`` sequences of one new token
 each (``csrc/src/attention.cpp``): the fused q/k/v projection and ``o_proj`` on the ``rows_dot``
-kernels (plus an optional q/k/v bias), q/k RMSNorm (optional) and RoPE, the new K/V written into the pool, and attention that reads each
-sequence's K/V rows where they lie in the pool (no gather copy per step, so its cost grows with
-the context only by the bytes it must read). fp32 inputs match
+kernels (plus optional q/k/v and o_proj biases), q/k RMSNorm (optional) and RoPE, the new K/V
+written into the pool, and attention that reads each sequence's K/V rows where they lie in the
+pool (no gather copy per step, so its cost grows with the context only by the bytes it must
+read), optionally with gpt-oss's per-head sinks and a sliding window. fp32 inputs match
 :func:`~freetoken.ops.attention_decode.reference.paged_decode_attention_reference` within
 :data:`ATTENTION_TOLERANCE` (fp32 summation order); with bf16 inputs every value the torch layer
 keeps in bf16 is rounded where it does, within :data:`BF16_TOLERANCE` of that fp32 reference.
@@ -27,7 +28,9 @@ def paged_decode_attention(x: torch.Tensor, qkv_w: torch.Tensor, o_w: torch.Tens
                            num_kv_heads: int, gated: bool, eps: float, scale: float,
                            input_norm: torch.Tensor | None = None, input_eps: float = 1e-6,
                            isa: str | None = None,
-                           qkv_bias: torch.Tensor | None = None) -> torch.Tensor:
+                           qkv_bias: torch.Tensor | None = None,
+                           sinks: torch.Tensor | None = None, window: int = 0,
+                           o_bias: torch.Tensor | None = None) -> torch.Tensor:
     """One decode step of a GQA attention layer for ``B`` sequences.
 
     Args:
@@ -48,15 +51,24 @@ def paged_decode_attention(x: torch.Tensor, qkv_w: torch.Tensor, o_w: torch.Tens
             ``h + o_proj(...)`` of ``RMSNorm(h)`` (the add in the model dtype).
         isa: kernel variant (``freetoken.ops.cpu_moe.cpu.supported_isas``).
         qkv_bias: ``[rows]`` fp32 (holding model-dtype values) added to the q/k/v projection
-            before the norms (GLM), the sum rounded to the model dtype; or None.
+            before the norms (GLM, gpt-oss), the sum rounded to the model dtype; or None.
+        sinks: ``[nh]`` fp32 sink logit of each query head (gpt-oss): one more softmax column
+            that takes probability and contributes no value; or None.
+        window: > 0: each sequence attends to its last ``min(n, window)`` slots only (its new
+            token's included, the ``sliding_attention`` layers of gpt-oss); 0: to all of them.
+        o_bias: ``[H]`` fp32 (holding model-dtype values) added to ``o_proj``'s output
+            (rounded to the model dtype first, the sum rounded before the residual add);
+            or None.
 
     Returns:
-        ``[B, H]`` fp32 ``o_proj`` output (or ``h`` plus it).
+        ``[B, H]`` fp32 ``o_proj`` output (with ``o_bias``; or ``h`` plus it).
 
     Raises:
         TypeError / ValueError: a wrong dtype, device, shape or layout, offsets that are not
-            non-decreasing, a sequence without a slot, or a slot outside the pool.
+            non-decreasing, a sequence without a slot, a slot outside the pool, or a negative
+            ``window``.
     """
     return _ext.attention_decode(x, qkv_w, o_w, q_norm, k_norm, cos, sin, pool_k, pool_v,
                                  kv_slots, kv_offsets, num_heads, num_kv_heads, gated, eps,
-                                 scale, input_norm, input_eps, isa=isa, qkv_bias=qkv_bias)
+                                 scale, input_norm, input_eps, isa=isa, qkv_bias=qkv_bias,
+                                 sinks=sinks, window=window, o_bias=o_bias)

@@ -26,8 +26,9 @@ BF16_TOLERANCE = 2e-2  # relative RMS of the logits, bf16 inputs (several layers
 @dataclass(frozen=True)
 class AttentionLayer:
     """A paged GQA attention mixer (arguments as
-    :func:`~freetoken.ops.attention_decode.paged_decode_attention`); ``pool_layer``: its index
-    in the KV pool's ``[layers, slots, nkv, hd]`` tensors."""
+    :func:`~freetoken.ops.attention_decode.paged_decode_attention`, gpt-oss's sinks, window and
+    o_proj bias included); ``pool_layer``: its index in the KV pool's ``[layers, slots, nkv, hd]``
+    tensors."""
 
     qkv_w: torch.Tensor
     o_w: torch.Tensor
@@ -42,6 +43,9 @@ class AttentionLayer:
     input_eps: float
     pool_layer: int
     qkv_bias: torch.Tensor | None = None
+    sinks: torch.Tensor | None = None
+    window: int = 0
+    o_bias: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -64,8 +68,9 @@ class GdnLayer:
 @dataclass(frozen=True)
 class MoeLayer:
     """A sparse MoE block with resident experts (arguments as
-    :func:`~freetoken.ops.moe_block.moe_block_decode`, sigmoid routing included); a dense
-    SwiGLU MLP is one expert, ``top_k`` 1, a zero router row (softmax weight exactly 1)."""
+    :func:`~freetoken.ops.moe_block.moe_block_decode`, sigmoid and gpt-oss routing and gpt-oss's
+    expert biases included); a dense SwiGLU MLP is one expert, ``top_k`` 1, a zero router row
+    (softmax weight exactly 1)."""
 
     norm: torch.Tensor
     eps: float
@@ -80,6 +85,11 @@ class MoeLayer:
     n_group: int = 1
     topk_group: int = 1
     routed_scaling: float = 1.0
+    router_bias: torch.Tensor | None = None
+    gate_up_bias: torch.Tensor | None = None
+    down_bias: torch.Tensor | None = None
+    swiglu_limit: float | None = None
+    swiglu_alpha: float = 1.702
 
 
 def _args(spec) -> tuple:

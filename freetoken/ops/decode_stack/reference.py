@@ -1,6 +1,7 @@
 """Plain-torch fp32 reference of :class:`freetoken.ops.decode_stack.DecodeStack`: the layers'
 own references (attention, Gated DeltaNet, MoE block) in order, with the embedding, the final
-RMSNorm and the lm_head around them (transformers ``Qwen3MoeModel`` / ``Qwen3NextModel``)."""
+RMSNorm and the lm_head around them (transformers ``Qwen3MoeModel`` / ``Qwen3NextModel`` /
+``GptOssModel``)."""
 
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ def decode_stack_reference(embed, final_norm, final_eps, lm_head, layers, token_
                 h, mixer.qkv_w, mixer.o_w, mixer.q_norm, mixer.k_norm, cos, sin, pool_k[j],
                 pool_v[j], kv_slots, kv_offsets, mixer.num_heads, mixer.num_kv_heads,
                 mixer.gated, mixer.eps, mixer.scale, mixer.input_norm, mixer.input_eps,
-                qkv_bias=mixer.qkv_bias)
+                qkv_bias=mixer.qkv_bias, sinks=mixer.sinks, window=mixer.window,
+                o_bias=mixer.o_bias)
         else:
             h = gdn_decode_reference(
                 h, mixer.in_w, mixer.conv_w, mixer.dt_bias, mixer.a_log, mixer.norm_w,
@@ -39,7 +41,9 @@ def decode_stack_reference(embed, final_norm, final_eps, lm_head, layers, token_
         h, topk = moe_block_decode_reference(h, moe.norm, moe.eps, moe.router, moe.gate_up,
                                              moe.down, moe.shared_gate_up, moe.shared_down,
                                              moe.top_k, moe.norm_topk_prob, moe.score_bias,
-                                             moe.n_group, moe.topk_group, moe.routed_scaling)
+                                             moe.n_group, moe.topk_group, moe.routed_scaling,
+                                             moe.router_bias, moe.gate_up_bias, moe.down_bias,
+                                             moe.swiglu_limit, moe.swiglu_alpha)
         ids.append(topk)
     k = max(t.shape[1] for t in ids)  # a block with a smaller top_k fills the first values
     rows = [torch.cat([t.flatten(), t.new_zeros(t.shape[0] * (k - t.shape[1]))]).view(-1, k)

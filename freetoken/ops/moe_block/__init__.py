@@ -2,9 +2,10 @@
 
 :func:`moe_block_decode` runs ``h + MoE(RMSNorm(h))`` for ``B`` tokens with resident dense
 experts (``csrc/src/moe_block.cpp``): the post-attention norm, the router, softmax top-k routing
-(or GLM's sigmoid group routing),
-the routed experts (the expert kernel, each routed expert's weights streamed once), the
-sigmoid-gated shared expert of Qwen3-Next and the residual add, with no torch op in between.
+(or GLM's sigmoid group routing, or gpt-oss's biased top-k), the routed experts (the expert
+kernel, each routed expert's weights streamed once, with gpt-oss's biases and clamped SwiGLU
+when given), the shared expert of Qwen3-Next / GLM and the residual add, with no torch op in
+between.
 fp32 inputs match :func:`~freetoken.ops.moe_block.reference.moe_block_decode_reference` within
 :data:`MOE_BLOCK_TOLERANCE` (fp32 summation order) with the same routing; with bf16 inputs every
 value the torch block keeps in bf16 is rounded where it does, within :data:`BF16_TOLERANCE`.
@@ -25,8 +26,11 @@ def moe_block_decode(h: torch.Tensor, norm: torch.Tensor, eps: float, router: to
                      shared_gate_up: torch.Tensor | None, shared_down: torch.Tensor | None, *,
                      top_k: int, norm_topk_prob: bool, isa: str | None = None,
                      score_bias: torch.Tensor | None = None, n_group: int = 1,
-                     topk_group: int = 1, routed_scaling: float = 1.0
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
+                     topk_group: int = 1, routed_scaling: float = 1.0,
+                     router_bias: torch.Tensor | None = None,
+                     gate_up_bias: torch.Tensor | None = None,
+                     down_bias: torch.Tensor | None = None, swiglu_limit: float | None = None,
+                     swiglu_alpha: float = 1.702) -> tuple[torch.Tensor, torch.Tensor]:
     """One decode step of a sparse MoE block.
 
     Args:
@@ -41,15 +45,25 @@ def moe_block_decode(h: torch.Tensor, norm: torch.Tensor, eps: float, router: to
             ``freetoken.models.moe_sigmoid``) with ``n_group`` / ``topk_group`` groups and
             ``routed_scaling``; the router is then fp32 ``[E, H]`` (logits unrounded) and the
             shared expert ungated. None: softmax routing.
+        router_bias: ``[E]`` fp32 (holding model-dtype values): gpt-oss routing
+            (``freetoken.models.moe_gpt_oss``): the biased logits (rounded to the model dtype),
+            their top ``top_k``, softmax over those k (``norm_topk_prob`` unused); no shared
+            expert, no ``score_bias``.
+        gate_up_bias, down_bias, swiglu_limit, swiglu_alpha: gpt-oss's expert biases
+            (``[E, 2I]`` / ``[E, H]`` fp32) and clamped SwiGLU, as
+            :func:`~freetoken.ops.cpu_moe.cpu.cpu_moe` takes them.
 
     Returns:
         ``(out [B, H] fp32 = h + block(h), topk_ids [B, k] int64, probability descending)``.
 
     Raises:
-        TypeError / ValueError: a wrong dtype, device, shape or layout, or ``top_k`` outside
-            ``[1, E]``.
+        TypeError / ValueError: a wrong dtype, device, shape or layout, ``top_k`` outside
+            ``[1, E]``, ``router_bias`` with ``score_bias`` or a shared expert, or a
+            ``swiglu_limit`` / ``swiglu_alpha`` the expert kernel refuses.
     """
     return _ext.moe_block_decode(h, norm, eps, router, gate_up, down, shared_gate_up,
                                  shared_down, top_k, norm_topk_prob, isa=isa,
                                  score_bias=score_bias, n_group=n_group, topk_group=topk_group,
-                                 routed_scaling=routed_scaling)
+                                 routed_scaling=routed_scaling, router_bias=router_bias,
+                                 gate_up_bias=gate_up_bias, down_bias=down_bias,
+                                 swiglu_limit=swiglu_limit, swiglu_alpha=swiglu_alpha)
