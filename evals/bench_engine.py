@@ -24,10 +24,11 @@ checkpoint's vocabulary (both engines get the ids, so tokenisers cannot differ).
 llama.cpp comes from ``evals/peers/build_llamacpp_tools.sh`` (its own llama-server, built once
 from the llama.cpp source in the llama-cpp-python sdist, ~20 min on 2 cores). The checkpoint
 defaults to the seeded ``small`` qwen3_moe preset (``freetoken make-tiny``); ``--model`` takes any
-qwen3_moe, qwen3_next, qwen3_5_moe or glm4_moe checkpoint the converter maps (e.g.
-``~/.cache/freetoken/models/small-qwen3_next``, ``small-qwen3_5_moe`` or ``small-glm4_moe``,
-llama.cpp arch ``qwen3next`` / ``qwen35moe`` / ``glm4moe``). Run: ``python -m evals.bench_engine
-[--model DIR] [--prompts 16,512,2048] [--json F]``.
+qwen3_moe, qwen3_next, qwen3_5_moe, glm4_moe or gpt_oss checkpoint the converter maps (e.g.
+``~/.cache/freetoken/models/small-qwen3_next``, ``small-qwen3_5_moe``, ``small-glm4_moe`` or
+``small-gpt_oss``, llama.cpp arch ``qwen3next`` / ``qwen35moe`` / ``glm4moe`` / ``gpt-oss``; an
+MXFP4 gpt_oss checkpoint keeps its MXFP4 experts in the GGUF, ``--outtype mxfp4``). Run:
+``python -m evals.bench_engine [--model DIR] [--prompts 16,512,2048] [--json F]``.
 """
 
 from __future__ import annotations
@@ -61,7 +62,8 @@ def llamacpp_tools() -> tuple[Path, Path]:
 
 def bench_gguf(model: Path, gguf_python: Path, outtype: str) -> Path:
     digest = hashlib.sha256()
-    for name in ("convert_gguf.py", "gguf_plan.py", "gguf_glm4_moe.py", "gguf_vocab.py",
+    for name in ("convert_gguf.py", "gguf_plan.py", "gguf_encode.py", "gguf_glm4_moe.py",
+                 "gguf_gpt_oss.py", "mxfp4_np.py", "gguf_vocab.py",
                  "safetensors_np.py"):  # the converter
         digest.update((PEERS / name).read_bytes())
     for name in ("config.json", "freetoken_tiny.json"):
@@ -244,8 +246,8 @@ def _counts(text: str) -> list[int]:
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", type=Path, default=None,
-                    help="qwen3_moe, qwen3_next, qwen3_5_moe or glm4_moe checkpoint (default: "
-                         "the cached small qwen3_moe preset)")
+                    help="qwen3_moe, qwen3_next, qwen3_5_moe, glm4_moe or gpt_oss checkpoint "
+                         "(default: the cached small qwen3_moe preset)")
     ap.add_argument("--prompts", type=_lengths, default="16,512,2048",
                     help="comma list of prompt lengths")
     ap.add_argument("--tokens", type=_positive, default=64, help="completion tokens per request")
@@ -269,10 +271,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def serve_both(model: Path, args: argparse.Namespace) -> tuple[dict, dict, str]:
     """FreeToken's and llama-server's :func:`measure` results on ``model`` (one server at a
-    time), and the checkpoint dtype the GGUF keeps (``bf16`` or ``f32``)."""
+    time), and the checkpoint dtype the GGUF keeps (``bf16``, ``f32``, or ``mxfp4``: MXFP4
+    experts, the rest as stored)."""
     config = checkpoint_config(model)
     vocab = min(config["vocab_size"], 8192)  # prompt ids: ordinary tokens, never the specials
+    quant = config.get("quantization_config")
     outtype = "bf16" if config.get("torch_dtype") == "bfloat16" else "f32"
+    if isinstance(quant, dict) and quant.get("quant_method") == "mxfp4":
+        outtype = "mxfp4"  # gpt-oss: the released MXFP4 expert bytes, the rest as stored
     bin_dir, gguf_python = llamacpp_tools()
     gguf = bench_gguf(model, gguf_python, outtype)
     slots = max([1, *args.concurrency])

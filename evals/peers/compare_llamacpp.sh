@@ -167,7 +167,8 @@ print(cached_tiny('$ARCH', 'small', 0, lambda m: print(m, file=sys.stderr)))")"
 
 # 3. GGUF
 KEY="$(cat "$MODEL_DIR/freetoken_tiny.json" "$HERE/convert_gguf.py" "$HERE/gguf_plan.py" \
-        "$HERE/gguf_glm4_moe.py" "$HERE/gguf_vocab.py" "$HERE/safetensors_np.py" \
+        "$HERE/gguf_encode.py" "$HERE/gguf_glm4_moe.py" "$HERE/gguf_gpt_oss.py" \
+        "$HERE/mxfp4_np.py" "$HERE/gguf_vocab.py" "$HERE/safetensors_np.py" \
         | sha256sum | cut -c1-12)"
 GGUF_DIR="$CACHE/peers/gguf"
 GGUF="$GGUF_DIR/small-$ARCH-$KEY-$OUTTYPE.gguf"

@@ -1,9 +1,9 @@
-"""Convert a FreeToken / Hugging Face ``qwen3_moe``, ``qwen3_next``, ``qwen3_5_moe`` or ``glm4_moe``
-checkpoint to a GGUF file for llama.cpp.
+"""Convert a FreeToken / Hugging Face ``qwen3_moe``, ``qwen3_next``, ``qwen3_5_moe``, ``glm4_moe``
+or ``gpt_oss`` checkpoint to a GGUF file for llama.cpp.
 
 Usage (run with the peer virtualenv's python, which has numpy + ``gguf==0.19.0``)::
 
-    python evals/peers/convert_gguf.py MODEL_DIR OUT.gguf [--outtype f32|bf16|f16]
+    python evals/peers/convert_gguf.py MODEL_DIR OUT.gguf [--outtype f32|bf16|f16|mxfp4]
 
 Written for FreeToken from llama.cpp's published layout (read, not copied): the architecture
 string, tensor names and metadata keys come from the ``gguf`` package at run time
@@ -11,8 +11,10 @@ string, tensor names and metadata keys come from the ``gguf`` package at run tim
 each graph loads, and in which shape, from llama.cpp ``src/models/qwen3moe.cpp`` and
 ``src/models/qwen3next.cpp``, ``src/models/qwen35moe.cpp`` (``load_arch_hparams`` /
 ``load_arch_tensors`` and the graph). The ``config.json`` ``model_type`` picks the family.
-``glm4_moe`` (GLM-4.5 / 4.6 / 4.7 -> arch ``glm4moe``) is mapped in ``gguf_glm4_moe.py``, whose
-docstring has its table; the plan primitives both use are in ``gguf_plan.py``.
+``glm4_moe`` (GLM-4.5 / 4.6 / 4.7 -> arch ``glm4moe``) is mapped in ``gguf_glm4_moe.py`` and
+``gpt_oss`` (-> arch ``gpt-oss``: sinks, biases, sliding windows, YaRN, MXFP4 experts) in
+``gguf_gpt_oss.py``, whose docstrings have their tables; the plan primitives all use are in
+``gguf_plan.py``, the GGUF type and bytes of each tensor in ``gguf_encode.py``.
 
 **qwen3_moe** -> arch ``qwen3moe``:
 
@@ -117,10 +119,10 @@ stream). No feed_forward_length (no dense FFN); routing always renormalises and 
 MoE (``norm_topk_prob`` / ``mlp_only_layers`` are not read, as in transformers). Refused as for
 qwen3_next, plus ``attn_output_gate: false`` (the graph always gates).
 
-dtype: ``f32`` is exact for bf16/f16/f32 checkpoints; ``bf16`` is exact for bf16 checkpoints;
-``f16`` rounds. 1-D tensors (norms, ``ssm_a``, ``ssm_dt``), the routers and the conv kernel
-(ggml's CPU ``ssm_conv`` reads float32 only) stay float32 in every mode (a rounded router can
-flip a top-k choice).
+dtype (``gguf_encode.py``): ``f32`` is exact for bf16/f16/f32 checkpoints; ``bf16`` is exact for
+bf16 checkpoints; ``f16`` rounds; ``mxfp4`` (MXFP4 experts only, and their default) keeps the
+experts' 4-bit codes and every other matrix in its stored dtype. 1-D tensors (norms, ``ssm_a``,
+``ssm_dt``), biases, the routers and the conv kernel stay float32 in every mode.
 """
 
 from __future__ import annotations
@@ -139,6 +141,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import gguf  # noqa: E402  (pinned gguf==0.19.0 in the peer venv)
 
 import gguf_glm4_moe  # noqa: E402
+import gguf_gpt_oss  # noqa: E402
+from gguf_encode import OUTTYPES, add_tensor_info, encode, stored_shape, tensor_type  # noqa: E402
 from gguf_plan import ConversionError, Planned, T  # noqa: E402
 from gguf_plan import one as _one  # noqa: E402
 from gguf_plan import stacked as _stacked  # noqa: E402
@@ -146,7 +150,8 @@ from gguf_vocab import load_vocab  # noqa: E402
 from safetensors_np import SafetensorsCheckpoint  # noqa: E402
 
 ARCHES = {"qwen3_moe": gguf.MODEL_ARCH.QWEN3MOE, "qwen3_next": gguf.MODEL_ARCH.QWEN3NEXT,
-          "qwen3_5_moe": gguf.MODEL_ARCH.QWEN35MOE, "glm4_moe": gguf_glm4_moe.ARCH}
+          "qwen3_5_moe": gguf.MODEL_ARCH.QWEN35MOE, "glm4_moe": gguf_glm4_moe.ARCH,
+          "gpt_oss": gguf_gpt_oss.ARCH}
 _HYBRID = ("qwen3_next", "qwen3_5_moe")  # Gated DeltaNet + gated attention, zero-centred norms
 _GLOBAL_TENSORS = {"embed_tokens.weight": T.TOKEN_EMBD, "norm.weight": T.OUTPUT_NORM,
                    "lm_head.weight": T.OUTPUT}  # after the family's _PREFIX, lm_head top-level
@@ -169,13 +174,7 @@ _DELTANET_TENSORS = {  # qwen3_next linear-attention layers, copied as stored
     "linear_attn.norm.weight": T.SSM_NORM,
     "linear_attn.out_proj.weight": T.SSM_OUT,
 }
-_ALWAYS_F32 = {T.FFN_GATE_INP, T.FFN_GATE_INP_SHEXP, T.SSM_CONV1D}
 _SKIPPED_PREFIXES = {"qwen3_next": ("mtp.",), "qwen3_5_moe": ("mtp.", "model.visual.")}
-_OUTTYPES = {
-    "f32": (gguf.GGMLQuantizationType.F32, gguf.LlamaFileType.ALL_F32),
-    "bf16": (gguf.GGMLQuantizationType.BF16, gguf.LlamaFileType.MOSTLY_BF16),
-    "f16": (gguf.GGMLQuantizationType.F16, gguf.LlamaFileType.MOSTLY_F16),
-}
 
 
 def _plus_one(x: np.ndarray) -> np.ndarray:
@@ -310,9 +309,10 @@ def _plan_hybrid(config: dict, shapes: dict) -> list[Planned]:
     return plan
 
 
-def plan_tensors(config: dict, ckpt: SafetensorsCheckpoint) -> list[Planned]:
+def plan_tensors(config: dict, ckpt: SafetensorsCheckpoint,
+                 outtype: str = "f32") -> list[Planned]:
     """The GGUF tensors in write order (see :class:`Planned`), for the family named by
-    ``config["model_type"]``.
+    ``config["model_type"]`` (``outtype`` matters to gpt_oss: MXFP4 experts under ``mxfp4``).
 
     Raises:
         ConversionError: a checkpoint tensor is left unmapped, an expected one is missing, or
@@ -331,6 +331,8 @@ def plan_tensors(config: dict, ckpt: SafetensorsCheckpoint) -> list[Planned]:
                          kind == T.OUTPUT_NORM else None))
     if family == "glm4_moe":
         plan += gguf_glm4_moe.plan(config, shapes)
+    elif family == "gpt_oss":
+        plan += gguf_gpt_oss.plan(config, shapes, outtype == "mxfp4")
     else:
         plan += (_plan_hybrid if family in _HYBRID else _plan_qwen3_moe)(config, shapes)
     wanted = {n for p in plan for n in p.hf}
@@ -378,6 +380,9 @@ def _check_config(config: dict) -> None:
     if family not in ARCHES:
         raise ConversionError(f"model_type {family!r} is not mapped (only {', '.join(ARCHES)})")
     arch = gguf.MODEL_ARCH_NAMES[ARCHES[family]]
+    if family == "gpt_oss":  # sinks, biases, sliding windows, YaRN, MXFP4 experts
+        gguf_gpt_oss.check(config)
+        return
     if (scaling := _rope(config)[2]) is not None:
         raise ConversionError(f"rope scaling {scaling!r} is not mapped")
     if family == "glm4_moe":  # q/k/v biases, sigmoid group-limited routing, dense layers first
@@ -433,6 +438,8 @@ def _write_metadata(w: gguf.GGUFWriter, config: dict, model_dir: Path, ftype) ->
     w.add_layer_norm_rms_eps(float(config["rms_norm_eps"]))
     if config["model_type"] == "glm4_moe":
         gguf_glm4_moe.add_hparams(w, config, head_dim, partial)
+    elif config["model_type"] == "gpt_oss":
+        gguf_gpt_oss.add_hparams(w, config)
     else:
         w.add_expert_count(config["num_experts"])
         w.add_expert_used_count(config["num_experts_per_tok"])
@@ -469,38 +476,26 @@ def _write_metadata(w: gguf.GGUFWriter, config: dict, model_dir: Path, ftype) ->
         w.add_chat_template(vocab.chat_template)
 
 
-def _bf16_bits(x: np.ndarray) -> np.ndarray:
-    """float32 -> bfloat16 bit patterns (uint16), round to nearest even (finite inputs)."""
-    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
-    return ((u + (((u >> 16) & 1) + 0x7FFF)) >> 16).astype(np.uint16)
+def default_outtype(config: dict, ckpt: SafetensorsCheckpoint) -> str:
+    """``mxfp4`` for a gpt_oss checkpoint with MXFP4 experts (the releases' own bytes), else
+    ``f32`` (exact)."""
+    shapes = {n: ckpt.shape(n) for n in ckpt.names()}
+    return ("mxfp4" if config.get("model_type") == "gpt_oss"
+            and gguf_gpt_oss.experts_mxfp4(shapes) else "f32")
 
 
-def _encode(ckpt: SafetensorsCheckpoint, p: Planned, qtype) -> np.ndarray:
-    """Stack (if several), transform and encode the HF tensors of ``p`` in GGUF dtype ``qtype``."""
-    if qtype == gguf.GGMLQuantizationType.BF16 and all(ckpt.dtype_tag(n) == "BF16" for n in p.hf):
-        parts = [np.asarray(ckpt.raw(n)) for n in p.hf]  # exact: keep the stored bits
-        x = np.stack(parts) if len(parts) > 1 else parts[0]
-        return np.ascontiguousarray(p.fn(x) if p.fn else x)
-    parts = [ckpt.float32(n) for n in p.hf]
-    x = np.stack(parts) if len(parts) > 1 else parts[0]
-    x = np.ascontiguousarray(p.fn(x) if p.fn else x, dtype=np.float32)
-    if qtype == gguf.GGMLQuantizationType.F32:
-        return x
-    if qtype == gguf.GGMLQuantizationType.F16:
-        return x.astype(np.float16)
-    return _bf16_bits(x)
-
-
-def convert(model_dir: str | Path, out_path: str | Path, outtype: str = "f32",
+def convert(model_dir: str | Path, out_path: str | Path, outtype: str | None = None,
             log=print) -> Path:
-    """Write ``out_path`` (GGUF, arch ``qwen3moe``, ``qwen3next``, ``qwen35moe`` or ``glm4moe``)
-    from the checkpoint in ``model_dir``.
+    """Write ``out_path`` (GGUF, arch ``qwen3moe``, ``qwen3next``, ``qwen35moe``, ``glm4moe`` or
+    ``gpt-oss``) from the checkpoint in ``model_dir``.
 
     Args:
         model_dir: HF checkpoint directory (config.json, safetensors, tokenizer.json).
         out_path: destination file; written to ``<out>.tmp`` then renamed.
-        outtype: ``f32`` (exact), ``bf16`` (exact for bf16 weights) or ``f16``.
-        log: progress callback (one line per call).
+        outtype: ``f32`` (exact), ``bf16`` (exact for bf16 weights), ``f16``, ``mxfp4`` (MXFP4
+            experts kept, the rest as stored) or None for :func:`default_outtype`.
+        log: progress callback (one line per call); also gets the family's notes on what
+            llama.cpp computes differently (``gguf_gpt_oss.notes``).
 
     Returns:
         the written path.
@@ -510,36 +505,34 @@ def convert(model_dir: str | Path, out_path: str | Path, outtype: str = "f32",
         FileNotFoundError: missing config.json / weights / tokenizer.json.
     """
     model_dir, out_path = Path(model_dir), Path(out_path)
-    if outtype not in _OUTTYPES:
-        raise ConversionError(f"outtype {outtype!r}; expected one of {', '.join(_OUTTYPES)}")
-    qtype, ftype = _OUTTYPES[outtype]
+    if outtype is not None and outtype not in OUTTYPES:
+        raise ConversionError(f"outtype {outtype!r}; expected one of {', '.join(OUTTYPES)}")
     config = text_config(json.loads((model_dir / "config.json").read_text(encoding="utf-8")))
     _check_config(config)
     ckpt = SafetensorsCheckpoint(model_dir)
-    plan = plan_tensors(config, ckpt)
+    outtype = outtype or default_outtype(config, ckpt)
+    if outtype == "mxfp4" and config["model_type"] != "gpt_oss":
+        raise ConversionError("outtype mxfp4 is for gpt_oss checkpoints with MXFP4 experts")
+    plan = plan_tensors(config, ckpt, outtype)
+    if config["model_type"] == "gpt_oss":
+        head_dim = config.get("head_dim", config["hidden_size"] // config["num_attention_heads"])
+        for line in gguf_gpt_oss.notes(config, head_dim, _rope(config)[0]):
+            log(line)
     t0 = time.perf_counter()
     tmp = out_path.with_name(out_path.name + ".tmp")
     w = gguf.GGUFWriter(tmp, gguf.MODEL_ARCH_NAMES[ARCHES[config["model_type"]]])
-    _write_metadata(w, config, model_dir, ftype)
+    _write_metadata(w, config, model_dir, OUTTYPES[outtype][1])
 
-    dtypes = {}
+    types = {p.name: tensor_type(p, ckpt, outtype) for p in plan}
     for p in plan:
-        f32 = len(p.shape) == 1 or p.kind in _ALWAYS_F32
-        t = gguf.GGMLQuantizationType.F32 if f32 else qtype
-        item = {gguf.GGMLQuantizationType.F32: 4}.get(t, 2)
-        np_dtype = {gguf.GGMLQuantizationType.F32: np.float32,
-                    gguf.GGMLQuantizationType.F16: np.float16}.get(t, np.uint16)
-        raw = None if t != gguf.GGMLQuantizationType.BF16 else t
-        w.add_tensor_info(p.name, p.shape, np.dtype(np_dtype), int(np.prod(p.shape)) * item,
-                          raw_dtype=raw)
-        dtypes[p.name] = t
+        add_tensor_info(w, p, types[p.name])
     w.write_header_to_file(tmp)
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
     for p in _iter_logged(plan, log):
-        data = _encode(ckpt, p, dtypes[p.name])
-        if data.shape != p.shape:
-            raise ConversionError(f"{p.name}: transform gave {data.shape}, planned {p.shape}")
+        data = encode(ckpt, p, types[p.name])
+        if data.shape != (want := stored_shape(p, types[p.name])):
+            raise ConversionError(f"{p.name}: transform gave {data.shape}, planned {want}")
         w.write_tensor_data(data)
     w.close()
     tmp.replace(out_path)
@@ -561,7 +554,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("model_dir")
     p.add_argument("out")
-    p.add_argument("--outtype", choices=sorted(_OUTTYPES), default="f32")
+    p.add_argument("--outtype", choices=sorted(OUTTYPES), default=None,
+                   help="default: mxfp4 for MXFP4 experts (gpt_oss releases), else f32")
     args = p.parse_args(argv)
     try:
         convert(args.model_dir, args.out, args.outtype, log=lambda s: print(s, file=sys.stderr))

@@ -1,6 +1,6 @@
 """The tensor plan of a GGUF file, shared by ``convert_gguf.py`` and its family modules
-(``gguf_glm4_moe.py``): which GGUF tensor is made of which checkpoint tensors, in which shape,
-through which transform.
+(``gguf_glm4_moe.py``, ``gguf_gpt_oss.py``): which GGUF tensor is made of which checkpoint
+tensors, in which shape, through which transform.
 
 GGUF tensor names come from the ``gguf`` package (``gguf.TENSOR_NAMES``, e.g.
 ``blk.{bid}.attn_q``) plus a suffix: ``.weight`` unless :data:`SUFFIX` says otherwise or the
@@ -25,16 +25,23 @@ class ConversionError(ValueError):
 
 class Planned(NamedTuple):
     """One GGUF tensor: its name and kind, the HF tensors it is made of (several: stacked on a
-    new axis 0, in expert order), the numpy shape written (ggml ne reversed) and the transform
-    applied to the (stacked) array. Transforms that only reorder (``fn`` of a 2-D or larger
-    tensor) also run on raw bf16 bit patterns; arithmetic ones are used on 1-D tensors, which are
-    always read as float32."""
+    new axis 0, in expert order), the numpy shape of its values (ggml ne reversed) and the
+    transform applied to the (stacked) array. Transforms that only reorder (``fn`` of a 2-D or
+    larger tensor) also run on raw bf16 bit patterns; arithmetic ones are used on 1-D tensors,
+    which are always read as float32.
+
+    ``parts`` replaces the stacking: it gets the HF tensors in their storage dtype (uint8 MXFP4
+    codes and scales, bf16 as uint16 bits) and returns either float32 values of ``shape`` or, when
+    ``qtype`` is a block-quantised type, its bytes (``gguf.quant_shape_to_byte_shape(shape)``).
+    ``qtype`` forces the GGUF type; None lets ``gguf_encode.tensor_type`` pick it."""
 
     name: str
     kind: gguf.MODEL_TENSOR
     hf: list[str]
     shape: tuple[int, ...]
     fn: Callable[[np.ndarray], np.ndarray] | None = None
+    parts: Callable[[list[np.ndarray]], np.ndarray] | None = None
+    qtype: gguf.GGMLQuantizationType | None = None
 
 
 def tensor_name(kind: gguf.MODEL_TENSOR, bid: int | None = None,

@@ -27,6 +27,7 @@ _STORAGE = {
     "F64": np.float64,
     "I64": np.int64,
     "I32": np.int32,
+    "U8": np.uint8,  # MXFP4 codes and E8M0 scales (gpt-oss experts)
 }
 
 
