@@ -195,6 +195,9 @@ class Checkpoint:
         if self._nvfp4 and name + NVFP4_PARTS[0] in self._scales:
             self._add_nvfp4(name, canonical, file, shape)
             return
+        if self._nvfp4 and dtype == "U8" and name.endswith(".weight"):
+            raise ValueError(f"checkpoint {self.path}: NVFP4 weight {name!r} has no "
+                             f"{name + NVFP4_PARTS[0]!r}")
         oss = _OSS_EXPERTS.fullmatch(canonical) if self._oss else None
         if oss is not None and len(shape) >= 2:
             self._add_oss(name, oss.groups(), file, shape, dtype)
@@ -257,8 +260,10 @@ class Checkpoint:
         """Register an NVFP4 weight (2-D: ModelOpt writes every expert apart)."""
         scale, global_ = (name + part for part in NVFP4_PARTS)
         rows, cols = (shape[0], 2 * shape[1]) if len(shape) == 2 else (0, 0)
+        if global_ not in self._scale_shapes:
+            raise ValueError(f"checkpoint {self.path}: NVFP4 weight {name!r} has no {global_!r}")
         if (len(shape) != 2 or self._scale_shapes[scale] != (rows, cols // 16)
-                or self._scale_shapes.get(global_, ()) not in ((), (1,))):
+                or self._scale_shapes[global_] not in ((), (1,))):
             raise ValueError(f"checkpoint {self.path}: NVFP4 tensor {name!r} {list(shape)} "
                              f"needs [R, C/2] values, {scale!r} [R, C/16] and a scalar "
                              f"{global_!r}, got {list(self._scale_shapes[scale])} and "
@@ -285,6 +290,10 @@ class Checkpoint:
             nvfp4_scale = self._nvfp4 and source.name.endswith(".weight" + NVFP4_PARTS[0])
             if self._dtypes[canonical] not in FP8_DTYPES or nvfp4_scale or source.raw:
                 continue
+            if source.scale is None and source.name.endswith(".weight" + NVFP4_PARTS[0]):
+                raise ValueError(f"checkpoint {self.path}: {source.name!r} looks like an NVFP4 "
+                                 f"(ModelOpt) scale, but neither config.json's "
+                                 f"quantization_config nor hf_quant_config.json declares NVFP4")
             if source.scale is None:
                 raise ValueError(f"checkpoint {self.path}: FP8 tensor {source.name!r} has no "
                                  f"{source.name + SCALE_SUFFIX!r}")

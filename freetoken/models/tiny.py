@@ -41,7 +41,7 @@ from freetoken.models.tiny_weights import write_safetensors
 from freetoken.paths import TEMPLATES_DIR, cache_dir
 
 # Bump whenever the generated files change for the same inputs (cached copies are then rebuilt).
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 2
 STAMP_FILE = "freetoken_tiny.json"
 _STAMP_KEYS = ("version", "arch", "preset", "seed", "config_overrides", "inputs_sha256")
 FP8_BLOCK = (128, 128)

@@ -9,7 +9,8 @@ factor ``s`` chosen so that, over the states of a typical turn, the mean probabi
 candidate ``s`` from one set of logits. ``s`` may be negative: in some random models the final
 hidden states share one dominant direction and the unscaled row points away from it.
 
-The states come from the model itself: fixed ChatML prompts followed by tokens sampled at
+The states come from the model itself: fixed ChatML prompts (gpt-oss: the same two conversations
+rendered by its harmony template, whose turns open differently) followed by tokens sampled at
 temperature 1 with ``<|im_end|>`` masked, seeded and on one intra-op thread, so the factor is
 reproducible.
 """
@@ -39,15 +40,33 @@ PROMPTS = (
 )
 
 
+HARMONY_CONVERSATIONS = (
+    [{"role": "system", "content": "You are a helpful coding assistant."},
+     {"role": "user", "content": "Write a Python function that reverses a linked list."}],
+    [{"role": "user", "content": "List the files in the repository and fix the failing test."}],
+)
+
+
+def prompts(model_type: str) -> tuple[str, ...]:
+    """The calibration prompts of a family: :data:`PROMPTS`, or for gpt-oss the harmony
+    renderings of :data:`HARMONY_CONVERSATIONS` (ChatML is plain text to its tokenizer)."""
+    if model_type != "gpt_oss":
+        return PROMPTS
+    from freetoken.chat.template import ChatTemplate
+
+    template = ChatTemplate.for_model(None, model_type)
+    return tuple(template.render(c, current_date="2025-01-01") for c in HARMONY_CONVERSATIONS)
+
+
 @torch.no_grad()
 def turn_logits(path: Path, eos: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
-    """``[len(PROMPTS) * CALIBRATION_STEPS, V]`` fp32 logits along seeded temperature-1 turns
-    (``<|im_end|>`` masked while sampling) of the checkpoint at ``path``."""
+    """``[2 * CALIBRATION_STEPS, V]`` fp32 logits along seeded temperature-1 turns
+    (``<|im_end|>`` masked while sampling) of the checkpoint at ``path`` (:func:`prompts`)."""
     model = load_model(path, dtype=dtype)
     tokenizer = Tokenizer.from_pretrained(path)
     gen = torch.Generator().manual_seed(seed)
     rows = []
-    for prompt in PROMPTS:
+    for prompt in prompts(model.config.model_type):
         state = model.new_state()
         logits = model(torch.tensor(tokenizer.encode(prompt)), state)[0]
         for _ in range(CALIBRATION_STEPS):
@@ -80,6 +99,34 @@ def choose_scale(logits: torch.Tensor, eos: int, target: float = TARGET_END_PROB
     raise ValueError("no <|im_end|> row scale up to 200 reaches the target end probability")
 
 
+def choose_scale_by_length(logits: torch.Tensor, eos: int,
+                           target: float = TARGET_END_PROB) -> float:
+    """Smallest ``|s|`` on a 0.25 grid (positive first) whose turns end after ``1 / (2 target)``
+    steps on average: ``E[len] = sum_t prod_{u<t} (1 - p_u(s))`` over each recorded turn (half
+    the per-step criterion's ``1 / target``: the recorded turns stop at ``CALIBRATION_STEPS``,
+    so longer turns count short).
+
+    Used for gpt-oss, whose turns all start from nearly the same header states: there a mean
+    per-step probability of ``target`` can come from the first step alone, ending every turn
+    at once.
+
+    Args:
+        logits: ``[P, T, V]`` fp32 logits of P turns of T steps (unscaled row).
+
+    Raises:
+        ValueError: no factor up to 200 shortens the turns enough.
+    """
+    b = logits[..., eos].double()
+    others = torch.cat([logits[..., :eos], logits[..., eos + 1 :]], -1).double().logsumexp(-1)
+    for s in SCALE_GRID.tolist():
+        for signed in (s, -s):
+            alive = torch.cumprod(1 - torch.sigmoid(signed * b - others), dim=-1)
+            length = (1 + alive[:, :-1].sum(-1)).mean().item()
+            if length <= 0.5 / target:
+                return signed
+    raise ValueError("no <|im_end|> row scale up to 200 reaches the target turn length")
+
+
 def scale_lm_head_row(path: Path, row: int, scale: float) -> None:
     """Multiply row ``row`` of ``lm_head.weight`` by ``scale`` in place on disk (same dtype)."""
     file = Checkpoint.for_config(path, ModelConfig.from_file(path)).files["lm_head.weight"]
@@ -104,6 +151,9 @@ def calibrate_im_end(path: Path, eos: int, dtype: torch.dtype, seed: int) -> flo
         logits = turn_logits(path, eos, dtype, seed)
     finally:
         torch.set_num_threads(threads)
-    scale = choose_scale(logits, eos)
+    if ModelConfig.from_file(path).model_type == "gpt_oss":
+        scale = choose_scale_by_length(logits.view(2, CALIBRATION_STEPS, -1), eos)
+    else:
+        scale = choose_scale(logits, eos)
     scale_lm_head_row(path, eos, scale)
     return scale

@@ -1,4 +1,4 @@
-"""The calibrated end-of-turn row (<|im_end|>, GLM <|user|>): sampled turns of the tiny models end
+"""The calibrated end-of-turn row (<|im_end|>, GLM <|user|>, gpt-oss <|return|>): sampled turns of the tiny models end
 after roughly 5-30 tokens."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ import statistics
 import pytest
 import torch
 
+from freetoken.chat.template import ChatTemplate
 from freetoken.models.registry import load_model
 from freetoken.models.tiny_tokens import end_of_turn
 from freetoken.tokenizer.tokenizer import Tokenizer
@@ -24,6 +25,17 @@ PROMPTS = (
     '"parameters": {"type": "object", "properties": {"command": {"type": "string"}}}}}\n</tools>'
     "<|im_end|>\n<|im_start|>user\nList the files in the repo.<|im_end|>\n<|im_start|>assistant\n",
 )
+# gpt-oss reads harmony, to which ChatML is plain text: the same conversations in its format
+HARMONY = (
+    [{"role": "system", "content": "You are a helpful assistant."},
+     {"role": "user", "content": "hi"}],
+    [{"role": "system", "content": "You are an interactive CLI tool that helps users with "
+                                   "software engineering tasks."},
+     {"role": "user", "content": "Fix the failing test in tests/test_parser.py and explain the "
+                                 "change."}],
+    [{"role": "user", "content": "Write a Python function that reverses a linked list."}],
+    [{"role": "user", "content": "List the files in the repo."}],
+)
 TURNS_PER_PROMPT = 8
 CAP = 200
 
@@ -35,7 +47,11 @@ def test_sampled_turns_end(arch: str, tiny_checkpoint) -> None:
     im_end = tok.token_to_id(end_of_turn(arch))
     gen = torch.Generator().manual_seed(123)
     lengths = []
-    for prompt in PROMPTS:
+    prompts = PROMPTS
+    if arch == "gpt_oss":
+        template = ChatTemplate.for_model(None, arch)
+        prompts = [template.render(c, current_date="2025-01-01") for c in HARMONY]
+    for prompt in prompts:
         ids = torch.tensor(tok.encode(prompt))
         for _ in range(TURNS_PER_PROMPT):
             state = model.new_state()

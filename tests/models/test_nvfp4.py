@@ -113,3 +113,37 @@ def test_an_export_with_only_hf_quant_config_loads_the_same(pair, tmp_path) -> N
     ids = prompt_ids(path, 12)
     a, b = load_model(path), load_model(dst)
     assert torch.equal(a(ids, a.new_state()), b(ids, b.new_state()))
+
+
+def _without(path, dst, drop: str) -> None:
+    shutil.copytree(path, dst)
+    tensors = load_file(dst / "model.safetensors")
+    del tensors[drop]
+    save_file(tensors, str(dst / "model.safetensors"), metadata={"format": "pt"})
+
+
+@pytest.mark.parametrize("part", ["weight_scale", "weight_scale_2"])
+@pytest.mark.parametrize("moe", [None, MoeConfig(backend="cpu")], ids=["resident", "cpu"])
+def test_a_missing_scale_is_named_on_every_backend(pair, tmp_path, part, moe) -> None:
+    arch, path, _ = pair
+    pre = "model.language_model." if arch == "qwen3_5_moe" else "model."
+    weight = f"{pre}layers.1.mlp.experts.2.down_proj.weight"
+    _without(path, tmp_path / "bad", f"{weight}{part[len('weight'):]}")
+    with pytest.raises(ValueError) as err:
+        load_model(tmp_path / "bad", moe=moe)
+    assert str(err.value) == (f"checkpoint {tmp_path / 'bad'}: NVFP4 weight {weight!r} has no "
+                              f"'{weight}{part[len('weight'):]}'")
+
+
+def test_nvfp4_tensors_without_a_declaration_are_named(pair, tmp_path) -> None:
+    _, path, _ = pair
+    dst = tmp_path / "undeclared"
+    shutil.copytree(path, dst)
+    (dst / "hf_quant_config.json").unlink()
+    config = json.loads((dst / "config.json").read_text())
+    config.pop("quantization_config")
+    (dst / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="looks like an NVFP4 \\(ModelOpt\\) scale, but neither "
+                                         "config.json's quantization_config nor "
+                                         "hf_quant_config.json declares NVFP4"):
+        load_model(dst)
