@@ -88,7 +88,8 @@ def _interrupt(signum, frame) -> None:
 def checkpoint_compute_dtype(path: Path) -> str:
     """``--dtype auto``: ``"bfloat16"`` when the checkpoint's ``config.json`` says it is stored in
     bf16 or fp16 (``torch_dtype`` / ``dtype``, at the top level or, for a multimodal release, in
-    ``text_config``; fp16 computes in bf16, which has its range), else ``"float32"``.
+    ``text_config``; fp16 computes in bf16, which has its range) or, when it says nothing, its
+    token embedding is stored so; else ``"float32"``.
 
     Raises:
         FileNotFoundError: no ``config.json``. ValueError: it is not valid JSON.
@@ -102,8 +103,34 @@ def checkpoint_compute_dtype(path: Path) -> str:
     text = config.get("text_config")
     text = text if isinstance(text, dict) else {}
     stored = (config.get("torch_dtype") or config.get("dtype") or text.get("torch_dtype")
-              or text.get("dtype"))
+              or text.get("dtype") or _embedding_dtype(path))
     return "bfloat16" if stored in ("bfloat16", "float16") else "float32"
+
+
+_SAFETENSORS_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}
+
+
+def _embedding_dtype(path: Path) -> str | None:
+    """The stored dtype of the token embedding (``"bfloat16"``...), for configs that do not say
+    (gpt-oss's releases); None when it cannot be read."""
+    import json
+
+    from safetensors import safe_open
+
+    names = ("model.embed_tokens.weight", "model.language_model.embed_tokens.weight")
+    index = path / "model.safetensors.index.json"
+    try:
+        if index.is_file():
+            weight_map = json.loads(index.read_text())["weight_map"]
+            name = next(n for n in names if n in weight_map)
+            file = path / weight_map[name]
+        else:
+            file = path / "model.safetensors"
+        with safe_open(file, framework="pt") as f:
+            name = next(n for n in names if n in f.keys())
+            return _SAFETENSORS_DTYPES.get(f.get_slice(name).get_dtype())
+    except Exception:  # noqa: BLE001 - unreadable here: the loader reports it properly
+        return None
 
 
 def check_moe_flags(args: argparse.Namespace):

@@ -8,6 +8,7 @@ import socket
 from pathlib import Path
 
 import pytest
+import torch
 
 from freetoken.cli import build_parser, main
 from freetoken.launch import base_url, checkpoint_compute_dtype, serve
@@ -164,3 +165,15 @@ def test_make_tiny_into_an_unwritable_path_is_one_line(tmp_path, capsys):
     blocker.write_text("x")
     assert main(["make-tiny", "--arch", "glm4_moe", str(blocker)]) == 2
     assert capsys.readouterr().err == f"error: cannot write {blocker}: File exists\n"
+
+
+@pytest.mark.parametrize("stored,expected", [(torch.bfloat16, "bfloat16"),
+                                             (torch.float32, "float32")])
+def test_dtype_auto_without_a_config_dtype_reads_the_embedding(tmp_path, stored, expected):
+    """gpt-oss's released config.json names no dtype: its stored embedding decides."""
+    from safetensors.torch import save_file
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt_oss"}))
+    save_file({"model.embed_tokens.weight": torch.zeros(4, 2, dtype=stored)},
+              str(tmp_path / "model.safetensors"))
+    assert checkpoint_compute_dtype(tmp_path) == expected
