@@ -27,6 +27,7 @@
 
 #include "freetoken/fp8.h"
 #include "freetoken/isa.h"
+#include "rows_scratch.h"
 
 namespace freetoken {
 
@@ -158,34 +159,13 @@ inline void dequant_row(const Fp8Args& q, int64_t r, float* dst) {
 }
 
 void scratch_rows(const Fp8Args& q, const RowsDotArgs& a) {
-  constexpr int64_t kRows = 4;
-  float* scratch = static_cast<float*>(std::malloc(sizeof(float) * kRows * a.k));
-  if (scratch == nullptr) {  // out of memory: the fused schedule needs none, one vector at a time
-    for (int64_t i = 0; i < a.num_vecs; ++i) {
-      RowsDotArgs one = a;
-      one.vecs = a.vecs + i;
-      one.num_vecs = 1;
-      one.out = a.out + i * a.out_stride;
-      fused(q, one);
-    }
-    return;
-  }
-  for (int64_t r0 = a.row_begin; r0 < a.row_end; r0 += kRows) {
-    const int64_t r1 = r0 + kRows < a.row_end ? r0 + kRows : a.row_end;
-    for (int64_t r = r0; r < r1; ++r) dequant_row(q, r, scratch + (r - r0) * a.k);
-    RowsDotArgs d;
-    d.format = WeightFormat::kFp32;
-    d.w = scratch;
-    d.k = a.k;
-    d.row_begin = 0;
-    d.row_end = r1 - r0;
-    d.vecs = a.vecs;
-    d.num_vecs = a.num_vecs;
-    d.out = a.out + (r0 - a.row_begin);
-    d.out_stride = a.out_stride;
-    rows_dot_f32_avx512(d);
-  }
-  std::free(scratch);
+  scratch_rows(
+      a,
+      [&](int64_t r0, int64_t r1, float* scratch) {
+        for (int64_t r = r0; r < r1; ++r) dequant_row(q, r, scratch + (r - r0) * a.k);
+      },
+      [&](const RowsDotArgs& one) { fused(q, one); }, rows_dot_f32_avx512,
+      [](int64_t, int64_t) {});
 }
 
 }  // namespace

@@ -27,6 +27,7 @@
 #include "freetoken/isa.h"
 #include "freetoken/nibble.h"
 #include "nibble_avx2.h"
+#include "rows_scratch.h"
 
 namespace freetoken {
 
@@ -156,38 +157,18 @@ inline void dequant_row(const Nvfp4Args& q, int64_t r, float* dst) {
 }
 
 void scratch_rows(const Nvfp4Args& q, const RowsDotArgs& a) {
-  constexpr int64_t kRows = 4;
-  float* scratch = static_cast<float*>(std::malloc(sizeof(float) * kRows * a.k));
-  if (scratch == nullptr) {  // out of memory: the fused schedule needs none, one vector at a time
-    for (int64_t i = 0; i < a.num_vecs; ++i) {
-      RowsDotArgs one = a;
-      one.vecs = a.vecs + i;
-      one.num_vecs = 1;
-      one.out = a.out + i * a.out_stride;
-      fused(q, one);
-    }
-    return;
-  }
-  for (int64_t r0 = a.row_begin; r0 < a.row_end; r0 += kRows) {
-    const int64_t r1 = r0 + kRows < a.row_end ? r0 + kRows : a.row_end;
-    for (int64_t r = r0; r < r1; ++r) dequant_row(q, r, scratch + (r - r0) * a.k);
-    RowsDotArgs d;
-    d.format = WeightFormat::kFp32;
-    d.w = scratch;
-    d.k = a.k;
-    d.row_begin = 0;
-    d.row_end = r1 - r0;
-    d.vecs = a.vecs;  // kNibble16, the scratch's order
-    d.num_vecs = a.num_vecs;
-    d.out = a.out + (r0 - a.row_begin);
-    d.out_stride = a.out_stride;
-    rows_dot_f32_avx2(d);
-    for (int64_t i = 0; i < a.num_vecs; ++i) {
-      for (int64_t r = r0; r < r1; ++r) a.out[i * a.out_stride + (r - a.row_begin)] *=
-          q.row_scales[r];
-    }
-  }
-  std::free(scratch);
+  scratch_rows(
+      a,
+      [&](int64_t r0, int64_t r1, float* scratch) {
+        for (int64_t r = r0; r < r1; ++r) dequant_row(q, r, scratch + (r - r0) * a.k);
+      },
+      [&](const RowsDotArgs& one) { fused(q, one); }, rows_dot_f32_avx2,
+      [&](int64_t r0, int64_t r1) {  // each row's global scale, once on its sum
+        for (int64_t i = 0; i < a.num_vecs; ++i) {
+          for (int64_t r = r0; r < r1; ++r) a.out[i * a.out_stride + (r - a.row_begin)] *=
+              q.row_scales[r];
+        }
+      });
 }
 
 }  // namespace

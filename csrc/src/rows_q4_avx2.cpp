@@ -25,6 +25,7 @@
 #include "freetoken/isa.h"
 #include "freetoken/nibble.h"
 #include "nibble_avx2.h"
+#include "rows_scratch.h"
 
 namespace freetoken {
 
@@ -259,34 +260,10 @@ inline void dequant_rows(const Q4Args& q, int64_t k, int64_t r0, int64_t r1, flo
 }
 
 void scratch_rows(const Q4Args& q, const RowsDotArgs& a) {
-  constexpr int64_t kRows = 4;
-  float* scratch = static_cast<float*>(std::malloc(sizeof(float) * kRows * a.k));
-  if (scratch == nullptr) {  // out of memory: the fused schedule needs none, one vector at a time
-    for (int64_t i = 0; i < a.num_vecs; ++i) {
-      RowsDotArgs one = a;
-      one.vecs = a.vecs + i;
-      one.num_vecs = 1;
-      one.out = a.out + i * a.out_stride;
-      q.zeros ? fused<true>(q, one) : fused<false>(q, one);
-    }
-    return;
-  }
-  for (int64_t r0 = a.row_begin; r0 < a.row_end; r0 += kRows) {
-    const int64_t r1 = r0 + kRows < a.row_end ? r0 + kRows : a.row_end;
-    dequant_rows(q, a.k, r0, r1, scratch);
-    RowsDotArgs d;
-    d.format = WeightFormat::kFp32;
-    d.w = scratch;
-    d.k = a.k;
-    d.row_begin = 0;
-    d.row_end = r1 - r0;
-    d.vecs = a.vecs;  // kNibble16, the scratch's order
-    d.num_vecs = a.num_vecs;
-    d.out = a.out + (r0 - a.row_begin);
-    d.out_stride = a.out_stride;
-    rows_dot_f32_avx2(d);
-  }
-  std::free(scratch);
+  scratch_rows(
+      a, [&](int64_t r0, int64_t r1, float* scratch) { dequant_rows(q, a.k, r0, r1, scratch); },
+      [&](const RowsDotArgs& one) { q.zeros ? fused<true>(q, one) : fused<false>(q, one); },
+      rows_dot_f32_avx2, [](int64_t, int64_t) {});
 }
 
 }  // namespace
