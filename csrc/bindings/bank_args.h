@@ -205,6 +205,32 @@ inline BankArg check_bank(const std::string& format_name, const py::tuple& tenso
   return b;
 }
 
+// "fp32", "q8" (4-bit banks only) or "bf16" (bf16 banks only); ValueError otherwise.
+inline Activations parse_activations(const std::string& activations, WeightFormat format,
+                              const std::string& format_name) {
+  if (activations == "fp32") return Activations::kFp32;
+  if ((format == WeightFormat::kFp8 || format == WeightFormat::kNvfp4) &&
+      (activations == "q8" || activations == "bf16")) {
+    throw py::value_error("activations='" + activations + "' is not supported with " +
+                          format_name + " expert banks (they take activations='fp32')");
+  }
+  if (activations == "q8") {
+    if (format != WeightFormat::kMxfp4 && format != WeightFormat::kQ4g) {
+      throw py::value_error("activations='q8' needs 4-bit expert banks (mxfp4 or q4g), got " +
+                            format_name);
+    }
+    return Activations::kQ8;
+  }
+  if (activations == "bf16") {
+    if (format != WeightFormat::kBf16) {
+      throw py::value_error("activations='bf16' needs bf16 expert banks, got " + format_name);
+    }
+    return Activations::kBf16;
+  }
+  throw py::value_error("unknown activations '" + activations +
+                        "'; expected one of: fp32, q8, bf16");
+}
+
 // Checks the optional bias `name` of the banks: None, or a contiguous CPU float32 tensor
 // `layout` = [rows, cols] with the sizes the banks give (e.g. gate_up_bias [N, 2I]). Returns
 // its data (nullptr for None) and appends the tensor to `keep` so it outlives the kernel's

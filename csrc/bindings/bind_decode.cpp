@@ -223,9 +223,9 @@ void gdn_states(const GdnDecodeProblem& p, const std::string& dtype, int64_t bat
 
 void moe_weights(MoeBlockProblem& p, const std::string& dtype, int64_t hidden,
                  const py::handle& norm, double eps, const py::handle& router,
-                 const py::handle& gate_up, const py::handle& down,
-                 const py::handle& shared_gate_up, const py::handle& shared_down, int64_t top_k,
-                 bool norm_topk_prob, std::vector<TensorArg>& keep,
+                 const ExpertsArgs& experts, const py::handle& shared_gate_up,
+                 const py::handle& shared_down, int64_t top_k, bool norm_topk_prob,
+                 std::vector<TensorArg>& keep,
                  const py::handle& score_bias, int64_t n_group, int64_t topk_group,
                  double routed_scaling, const py::handle& router_bias, const GluArgs& glu) {
   const std::vector<std::string> same = {dtype};
@@ -237,16 +237,36 @@ void moe_weights(MoeBlockProblem& p, const std::string& dtype, int64_t hidden,
   TensorArg na = check_tensor(norm, "norm", "[H]", 1, {"float32"});
   TensorArg ra = sigmoid ? check_tensor(router, "router", "[E, H]", 2, {"float32"})
                          : check_tensor(router, "router", "[E (+1), H]", 2, same);
-  TensorArg gu = check_tensor(gate_up, "gate_up", "[E, 2I, H]", 3, same);
-  TensorArg dn = check_tensor(down, "down", "[E, H, I]", 3, same);
-  const int64_t H = hidden, E = gu.shape[0], I = gu.shape[1] / 2;
+  const std::string dense_format = dtype == "bfloat16" ? "bf16" : "fp32";
+  const std::string format = experts.format.value_or(dense_format);
+  BankArg gu, dn;
+  if (!experts.format) {
+    if (experts.block_size) fail("block_size applies to fp8 expert banks only");
+    TensorArg g = check_tensor(experts.gate_up, "gate_up", "[E, 2I, H]", 3, same);
+    TensorArg d = check_tensor(experts.down, "down", "[E, H, I]", 3, same);
+    gu = check_bank(format, py::make_tuple(g.obj), "gate_up", "[E, 2I, H]");
+    dn = check_bank(format, py::make_tuple(d.obj), "down", "[E, H, I]");
+  } else {
+    for (const auto& [obj, name] : {std::pair{&experts.gate_up, "gate_up"},
+                                    std::pair{&experts.down, "down"}}) {
+      if (!py::isinstance<py::tuple>(*obj)) {
+        fail(std::string(name) + " must be a tuple of the bank's tensors with expert_format '" +
+             format + "'");
+      }
+    }
+    gu = check_bank(format, experts.gate_up, "gate_up", "[E, 2I, H]", experts.block_size);
+    dn = check_bank(format, experts.down, "down", "[E, H, I]", experts.block_size);
+  }
+  const int64_t H = hidden, E = gu.logical[0], I = gu.logical[1] / 2;
   const bool shared = !shared_gate_up.is_none();
   if (shared == shared_down.is_none()) fail("shared_gate_up and shared_down go together");
   if (na.shape[0] != H) fail("norm must be [" + std::to_string(H) + "]");
-  if (gu.shape[1] != 2 * I || gu.shape[2] != H || dn.shape != std::vector<int64_t>{E, H, I}) {
-    fail("gate_up " + shape_str(gu.shape) + " / down " + shape_str(dn.shape) +
+  if (gu.logical[1] != 2 * I || gu.logical[2] != H ||
+      dn.logical != std::vector<int64_t>{E, H, I}) {
+    fail("gate_up " + shape_str(gu.logical) + " / down " + shape_str(dn.logical) +
          " must be [E, 2I, " + std::to_string(H) + "] / [E, " + std::to_string(H) + ", I]");
   }
+  p.activations = parse_activations(experts.activations, gu.bank.format, format);
   const int64_t router_rows = E + (shared && !sigmoid ? 1 : 0);
   if (ra.shape[0] != router_rows || ra.shape[1] != H) {
     fail("router " + shape_str(ra.shape) + " must be [" + std::to_string(router_rows) + ", " +
@@ -270,15 +290,16 @@ void moe_weights(MoeBlockProblem& p, const std::string& dtype, int64_t hidden,
     fail("top_k " + std::to_string(top_k) + " outside [1, " + std::to_string(E) + "]");
   }
   p.router_bias = fp32_vector(router_bias, "router_bias", "[E]", E, keep);
-  MoeProblem experts;
+  MoeProblem problem;
   std::vector<py::object> glu_keep;
-  apply_glu(glu, E, H, I, experts, glu_keep);
+  apply_glu(glu, E, H, I, problem, glu_keep);
+  for (BankArg* b : {&gu, &dn}) glu_keep.insert(glu_keep.end(), b->keep.begin(), b->keep.end());
   for (py::object& obj : glu_keep) keep.push_back(TensorArg{std::move(obj)});
-  p.gate_up_bias = experts.gate_up_bias;
-  p.down_bias = experts.down_bias;
-  p.swiglu_clamp = experts.swiglu_clamp;
-  p.swiglu_limit = experts.swiglu_limit;
-  p.swiglu_alpha = experts.swiglu_alpha;
+  p.gate_up_bias = problem.gate_up_bias;
+  p.down_bias = problem.down_bias;
+  p.swiglu_clamp = problem.swiglu_clamp;
+  p.swiglu_limit = problem.swiglu_limit;
+  p.swiglu_alpha = problem.swiglu_alpha;
   if (shared) {
     TensorArg sg = check_tensor(shared_gate_up, "shared_gate_up", "[2Is, H]", 2, same);
     TensorArg sd = check_tensor(shared_down, "shared_down", "[H, Is]", 2, same);
@@ -298,13 +319,13 @@ void moe_weights(MoeBlockProblem& p, const std::string& dtype, int64_t hidden,
   p.intermediate = I;
   p.top_k = top_k;
   p.norm_topk_prob = norm_topk_prob;
-  p.bf16 = gu.is_bf16;
+  p.bf16 = dtype == "bfloat16";
   p.norm = fp32_data(na);
   p.eps = static_cast<float>(eps);
   p.router = ra.data;
-  p.gate_up = gu.data;
-  p.down = dn.data;
-  for (TensorArg* a : {&na, &ra, &gu, &dn}) keep.push_back(std::move(*a));
+  p.gate_up = gu.bank;
+  p.down = dn.bank;
+  for (TensorArg* a : {&na, &ra}) keep.push_back(std::move(*a));
 }
 
 py::object empty_int64(int64_t rows, int64_t cols, int64_t** data) {
@@ -368,12 +389,16 @@ py::tuple moe_block_decode(const py::handle& h, const py::handle& norm, double e
                            int64_t n_group, int64_t topk_group, double routed_scaling,
                            const py::handle& router_bias, const py::object& gate_up_bias,
                            const py::object& down_bias, std::optional<double> swiglu_limit,
-                           double swiglu_alpha) {
+                           double swiglu_alpha, const std::optional<std::string>& expert_format,
+                           const BlockSize& block_size, const std::string& activations) {
   TensorArg ha = check_tensor(h, "h", "[B, H]", 2, kDense);
   const int64_t B = ha.shape[0], H = ha.shape[1];
   std::vector<TensorArg> keep;
   MoeBlockProblem p;
-  moe_weights(p, ha.dtype, H, norm, eps, router, gate_up, down, shared_gate_up, shared_down,
+  const ExpertsArgs experts{py::reinterpret_borrow<py::object>(gate_up),
+                           py::reinterpret_borrow<py::object>(down), expert_format, block_size,
+                           activations};
+  moe_weights(p, ha.dtype, H, norm, eps, router, experts, shared_gate_up, shared_down,
               top_k, norm_topk_prob, keep, score_bias, n_group, topk_group, routed_scaling,
               router_bias, {gate_up_bias, down_bias, swiglu_limit, swiglu_alpha});
   p.batch = B;
@@ -436,8 +461,9 @@ void bind_decode(py::module_& m) {
         py::arg("n_group") = 1, py::arg("topk_group") = 1, py::arg("routed_scaling") = 1.0,
         py::arg("router_bias") = py::none(), py::arg("gate_up_bias") = py::none(),
         py::arg("down_bias") = py::none(), py::arg("swiglu_limit") = py::none(),
-        py::arg("swiglu_alpha") = 1.702,
-        "One decode step of a sparse MoE block with resident dense experts "
+        py::arg("swiglu_alpha") = 1.702, py::arg("expert_format") = py::none(),
+        py::arg("block_size") = py::none(), py::arg("activations") = "fp32",
+        "One decode step of a sparse MoE block with resident experts, dense or a bank set "
         "(freetoken/moe_block.h): returns (h + block(h) [B, H] fp32, topk_ids [B, k] int64).");
   m.def("gdn_decode", &gdn_decode, py::arg("x"), py::arg("in_w"), py::arg("conv_w"),
         py::arg("dt_bias"), py::arg("a_log"), py::arg("norm_w"), py::arg("out_w"),

@@ -125,32 +125,6 @@ class MoeHandle {
   py::object out_;
 };
 
-// "fp32", "q8" (4-bit banks only) or "bf16" (bf16 banks only); ValueError otherwise.
-Activations parse_activations(const std::string& activations, WeightFormat format,
-                              const std::string& format_name) {
-  if (activations == "fp32") return Activations::kFp32;
-  if ((format == WeightFormat::kFp8 || format == WeightFormat::kNvfp4) &&
-      (activations == "q8" || activations == "bf16")) {
-    throw py::value_error("activations='" + activations + "' is not supported with " +
-                          format_name + " expert banks (they take activations='fp32')");
-  }
-  if (activations == "q8") {
-    if (format != WeightFormat::kMxfp4 && format != WeightFormat::kQ4g) {
-      throw py::value_error("activations='q8' needs 4-bit expert banks (mxfp4 or q4g), got " +
-                            format_name);
-    }
-    return Activations::kQ8;
-  }
-  if (activations == "bf16") {
-    if (format != WeightFormat::kBf16) {
-      throw py::value_error("activations='bf16' needs bf16 expert banks, got " + format_name);
-    }
-    return Activations::kBf16;
-  }
-  throw py::value_error("unknown activations '" + activations +
-                        "'; expected one of: fp32, q8, bf16");
-}
-
 std::vector<int64_t> copy_i64(const TensorArg& t) {
   const auto* p = static_cast<const int64_t*>(t.data);
   return std::vector<int64_t>(p, p + t.shape[0]);

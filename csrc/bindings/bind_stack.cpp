@@ -128,7 +128,8 @@ class DecodeStackHandle {
   // sinks, window, o_bias), or "gdn" with (in_w, conv_w, dt_bias, a_log, norm_w, out_w,
   // num_k_heads, num_v_heads, eps, input_norm, input_eps); moe_args (norm, eps, router, gate_up,
   // down, shared_gate_up, shared_down, top_k, norm_topk_prob, score_bias, n_group, topk_group,
-  // routed_scaling, router_bias, gate_up_bias, down_bias, swiglu_limit, swiglu_alpha).
+  // routed_scaling, router_bias, gate_up_bias, down_bias, swiglu_limit, swiglu_alpha,
+  // expert_format, block_size, activations).
   void add_layer(const py::tuple& spec) {
     if (spec.size() != 3) fail("a layer is (mixer, mixer_args, moe_args)");
     const std::string mixer = spec[0].cast<std::string>();
@@ -162,11 +163,15 @@ class DecodeStackHandle {
     } else {
       fail("mixer must be 'attention' or 'gdn', got '" + mixer + "'");
     }
-    if (m.size() != 18) fail("moe takes 18 arguments");
+    if (m.size() != 21) fail("moe takes 21 arguments");
     const GluArgs glu{py::reinterpret_borrow<py::object>(m[14]),
                       py::reinterpret_borrow<py::object>(m[15]),
                       m[16].cast<std::optional<double>>(), m[17].cast<double>()};
-    moe_weights(layer.moe, dtype_, H, m[0], m[1].cast<double>(), m[2], m[3], m[4], m[5], m[6],
+    const ExpertsArgs experts{py::reinterpret_borrow<py::object>(m[3]),
+                              py::reinterpret_borrow<py::object>(m[4]),
+                              m[18].cast<std::optional<std::string>>(),
+                              m[19].cast<BlockSize>(), m[20].cast<std::string>()};
+    moe_weights(layer.moe, dtype_, H, m[0], m[1].cast<double>(), m[2], experts, m[5], m[6],
                 m[7].cast<int64_t>(), m[8].cast<bool>(), keep_, m[9], m[10].cast<int64_t>(),
                 m[11].cast<int64_t>(), m[12].cast<double>(), m[13], glu);
     s_.top_k = std::max(s_.top_k, layer.moe.top_k);  // a dense MLP block routes to 1

@@ -6,6 +6,7 @@
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -48,14 +49,24 @@ void gdn_states(const GdnDecodeProblem& p, const std::string& dtype, int64_t bat
                 const py::list& conv_states, const py::list& recurrent, std::vector<void*>& conv,
                 std::vector<float*>& rec, std::vector<TensorArg>& keep);
 
+// The routed experts of a MoE block as passed from Python: dense tensors in the model dtype
+// (format None), or the tuples of a bank set stored in `format` (bank_args.h check_bank; fp8
+// with its block_size), and the activations ("fp32", "q8", "bf16") the expert kernel takes.
+struct ExpertsArgs {
+  py::object gate_up;
+  py::object down;
+  std::optional<std::string> format;
+  BlockSize block_size;
+  std::string activations = "fp32";
+};
+
 // The MoE block's norm, router and experts into p. score_bias [E] fp32 (not None) selects
 // sigmoid group routing (n_group, topk_group, routed_scaling; router fp32 [E, H]); router_bias
 // [E] fp32 gpt-oss's biased top-k routing (no shared expert, no score_bias); glu the experts'
 // gpt-oss biases and clamped SwiGLU (checked as the expert kernel's, bank_args.h).
 void moe_weights(MoeBlockProblem& p, const std::string& dtype, int64_t hidden,
                  const py::handle& norm, double eps, const py::handle& router,
-                 const py::handle& gate_up, const py::handle& down,
-                 const py::handle& shared_gate_up, const py::handle& shared_down, int64_t top_k,
+                 const ExpertsArgs& experts, const py::handle& shared_gate_up, const py::handle& shared_down, int64_t top_k,
                  bool norm_topk_prob, std::vector<TensorArg>& keep,
                  const py::handle& score_bias = py::none(), int64_t n_group = 1,
                  int64_t topk_group = 1, double routed_scaling = 1.0,

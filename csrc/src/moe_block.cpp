@@ -93,7 +93,6 @@ void moe_block_decode(const MoeBlockProblem& p, ThreadPool& pool) {
     if (p.bf16) round_to_bf16(v, n);
   };
   const auto kept = [&](float v) { return p.bf16 ? round_to_bf16(v) : v; };
-  const WeightFormat format = p.bf16 ? WeightFormat::kBf16 : WeightFormat::kFp32;
 
   // residual stream as fp32, and x = RMSNorm(h) in the model dtype
   const NormedRows normed = rms_norm_rows(p.h, p.bf16, B, H, p.norm, p.eps);
@@ -121,10 +120,9 @@ void moe_block_decode(const MoeBlockProblem& p, ThreadPool& pool) {
   moe.hidden = H;
   moe.intermediate = p.intermediate;
   moe.num_experts = E;
-  moe.gate_up.format = format;
-  moe.gate_up.values = p.gate_up;
-  moe.down.format = format;
-  moe.down.values = p.down;
+  moe.gate_up = p.gate_up;
+  moe.down = p.down;
+  moe.activations = p.activations;
   moe.isa = p.isa;
   moe.gate_up_bias = p.gate_up_bias;
   moe.down_bias = p.down_bias;

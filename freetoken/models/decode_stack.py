@@ -2,7 +2,8 @@
 
 :func:`build_decode_stack` turns the model's layers into a
 :class:`~freetoken.ops.decode_stack.DecodeStack` when every layer fits the C++ decode ops (CPU,
-fp32 / bf16 weights, a sparse MoE block with resident experts or a dense MLP in every layer;
+fp32 / bf16 weights, a sparse MoE block with resident experts (dense, or a bank set read as
+stored) or a dense MLP in every layer;
 gpt-oss's sinks, windows and biases included);
 :func:`run_decode_stack` runs one step of paged sequences through it and applies the effects the
 per-layer path has on the Python side (KV lengths, token counts, routing observers).
@@ -10,13 +11,10 @@ per-layer path has on the Python side (KV lengths, token counts, routing observe
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 
 from freetoken.models.attention import Attention
 from freetoken.models.gated_deltanet import GatedDeltaNet
-from freetoken.models.moe_sigmoid import SigmoidRoutedMoE
 from freetoken.models.moe import DenseMLP, SparseMoE
 from freetoken.models.norms import RMSNorm
 from freetoken.models.paged import PagedDecodeBatch
@@ -42,16 +40,13 @@ def _mixer_spec(mixer, norm, pool_layer: int) -> AttentionLayer | GdnLayer:
                           **mixer.decode_extras())
 
 
-def _moe_spec(mlp: SparseMoE | DenseMLP, norm) -> MoeLayer:
+def _moe_spec(mlp: SparseMoE | DenseMLP, norm, probe: torch.Tensor) -> MoeLayer:
     if isinstance(mlp, DenseMLP):
         return MoeLayer(norm.scale(), norm.eps, *mlp.block_weights(), None, None, 1, True)
     shared = (mlp.shared.gate_up, mlp.shared.down) if mlp.has_shared else (None, None)
-    spec = MoeLayer(norm.scale(), norm.eps, mlp.router, mlp.experts.gate_up, mlp.experts.down,
-                    *shared, mlp.top_k, mlp.norm_topk_prob)
-    if isinstance(mlp, SigmoidRoutedMoE):
-        spec = dataclasses.replace(spec, score_bias=mlp.score_bias, n_group=mlp.n_group,
-                                   topk_group=mlp.topk_group, routed_scaling=mlp.scaling)
-    return dataclasses.replace(spec, **mlp.block_kwargs())
+    return MoeLayer(norm=norm.scale(), eps=norm.eps, router=mlp.router,
+                    shared_gate_up=shared[0], shared_down=shared[1], top_k=mlp.top_k,
+                    norm_topk_prob=mlp.norm_topk_prob, **mlp.block_kwargs(probe))
 
 
 def copied_parameters(model) -> list[torch.Tensor]:
@@ -87,7 +82,7 @@ def build_decode_stack(model) -> DecodeStack | None:
         elif not isinstance(mixer, Attention) or not mixer.paged_decode_fits(probe):
             return None
         layers.append((_mixer_spec(mixer, layer.input_norm, pool_layer),
-                       _moe_spec(mlp, layer.post_norm)))
+                       _moe_spec(mlp, layer.post_norm, probe)))
         pool_layer += isinstance(mixer, Attention)
     return DecodeStack(model.embed, model.norm.scale(), model.norm.eps, model.lm_head, layers)
 

@@ -141,13 +141,21 @@ class SparseMoE(nn.Module):
             weights = weights / weights.sum(dim=-1, keepdim=True)
         return ids, weights.to(logits.dtype)
 
+    def _block_experts(self, h: torch.Tensor) -> dict | None:
+        """The experts' keywords for the fused block (their ``block_experts(h)``), or None for
+        experts that have none (the offload runtime's) or do not fit it."""
+        block_experts = getattr(self.experts, "block_experts", None)
+        return None if block_experts is None else block_experts(h)
+
     def fused_fits(self, h: torch.Tensor) -> bool:
-        """Whether :meth:`forward_residual` takes ``h [T, H]``: resident experts, and ``h`` and
-        every weight on the CPU in one kernel dtype with T at decode size (``cpu_kernel_fits``)."""
-        if not isinstance(self.experts, ExpertWeights):
+        """Whether :meth:`forward_residual` takes ``h [T, H]``: resident experts that fit the C++
+        block (``block_experts``: dense stacks in ``h``'s dtype, or a bank set read as stored),
+        and ``h``, the router and the shared expert on the CPU in one kernel dtype with T at
+        decode size (``cpu_kernel_fits``)."""
+        if self._block_experts(h) is None:
             return False
         shared = (self.shared.gate_up, self.shared.down) if self.has_shared else ()
-        return cpu_kernel_fits(h, self.router, self.experts.gate_up, self.experts.down, *shared)
+        return cpu_kernel_fits(h, self.router, *shared)
 
     def forward_residual(self, h: torch.Tensor, norm: RMSNorm) -> torch.Tensor:
         """``h + self(norm(h))`` in one C++ call (:func:`~freetoken.ops.moe_block.moe_block_decode`:
@@ -161,18 +169,19 @@ class SparseMoE(nn.Module):
         """
         shared = (self.shared.gate_up, self.shared.down) if self.has_shared else (None, None)
         out, ids = moe_block_decode(h.contiguous(), norm.scale(), norm.eps, self.router,
-                                    self.experts.gate_up, self.experts.down, *shared,
+                                    shared_gate_up=shared[0], shared_down=shared[1],
                                     top_k=self.top_k, norm_topk_prob=self.norm_topk_prob,
-                                    **self.block_kwargs())
+                                    **self.block_kwargs(h))
         if self.routing_observer is not None:
             self.routing_observer(self.moe_layer, ids)
         return out if h.dtype == torch.float32 else out.to(h.dtype)
 
-    def block_kwargs(self) -> dict:
+    def block_kwargs(self, h: torch.Tensor) -> dict:
         """Keyword arguments of :func:`~freetoken.ops.moe_block.moe_block_decode` (and fields of
-        the decode stack's ``MoeLayer``) beyond the router, experts, shared expert and top-k:
-        none here (gpt-oss adds its router bias and the experts' biases and clamp)."""
-        return {}
+        the decode stack's ``MoeLayer``) beyond the router, shared expert and top-k, for ``h``
+        with ``fused_fits(h)``: the routed experts (gpt-oss adds its router bias, GLM its
+        sigmoid routing)."""
+        return self._block_experts(h)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``[T, H]`` -> ``[T, H]`` routed experts (+ gated shared expert)."""

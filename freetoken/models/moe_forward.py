@@ -54,6 +54,15 @@ class ExpertWeights(nn.Module):
         """:func:`moe_forward` over these weights: ``[T, H]`` -> ``[T, H]``."""
         return moe_forward(hidden, topk_ids, topk_weights, self)
 
+    def block_experts(self, h: torch.Tensor) -> dict | None:
+        """The routed-expert keywords of the fused C++ decode block
+        (:func:`~freetoken.ops.moe_block.moe_block_decode`, the decode stack's ``MoeLayer``) for
+        ``h [T, H]``, or None when the stacks are not on the CPU in ``h``'s kernel dtype or T
+        exceeds decode size."""
+        if not cpu_kernel_fits(h, self.gate_up, self.down):
+            return None
+        return {"gate_up": self.gate_up, "down": self.down}
+
     def weight_targets(self, prefix: str) -> dict[str, WeightTarget]:
         """Per-expert HF names ``{prefix}E.{gate,up,down}_proj.weight`` -> rows of the stacks."""
         i = self.intermediate

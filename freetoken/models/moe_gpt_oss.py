@@ -66,6 +66,14 @@ class GptOssExperts(nn.Module):
             targets[f"{prefix}{e}.down_proj_bias"] = WeightTarget(self.down_bias[e])
         return targets
 
+    def block_experts(self, h: torch.Tensor) -> dict | None:
+        """The fused decode block's routed-expert keywords for ``h [T, H]`` (the stacks, the
+        biases and the clamp), or None when the stacks do not fit the C++ kernels (CPU, ``h``'s
+        dtype, decode size)."""
+        if not cpu_kernel_fits(h, self.gate_up, self.down):
+            return None
+        return {"gate_up": self.gate_up, "down": self.down, **self.activation().kernel_args()}
+
     def activation(self) -> ClampedSwiGLU:
         """This layer's biased, clamped MLP over its ``E`` expert rows."""
         return ClampedSwiGLU(self.gate_up_bias, self.down_bias, self.limit, self.alpha)
@@ -100,18 +108,14 @@ class GptOssMoE(SparseMoE):
         return ids, torch.softmax(top, dim=-1)
 
     def fused_fits(self, h: torch.Tensor) -> bool:
-        """Whether :meth:`~SparseMoE.forward_residual` takes ``h [T, H]``: resident experts,
-        ``h``, the router and the expert weights on the CPU in one kernel dtype, T at decode size
-        (the fp32 biases live beside the weights)."""
-        if not isinstance(self.experts, GptOssExperts):
-            return False
-        return cpu_kernel_fits(h, self.router, self.experts.gate_up, self.experts.down)
+        """Whether :meth:`~SparseMoE.forward_residual` takes ``h [T, H]``: resident experts
+        that fit the C++ block (``block_experts``), the router on the CPU in ``h``'s dtype."""
+        return self._block_experts(h) is not None and cpu_kernel_fits(h, self.router)
 
-    def block_kwargs(self) -> dict:
-        """gpt-oss routing (the router bias, fp32 holding model-dtype values) and the experts'
-        biases and clamped SwiGLU for the fused C++ decode block."""
-        experts = self.experts
-        return {"router_bias": self.router_bias.float(), **experts.activation().kernel_args()}
+    def block_kwargs(self, h: torch.Tensor) -> dict:
+        """gpt-oss routing (the router bias, fp32 holding model-dtype values) and the experts
+        (with their biases and clamped SwiGLU) for the fused C++ decode block."""
+        return {"router_bias": self.router_bias.float(), **self._block_experts(h)}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``[T, H]`` -> ``[T, H]``."""

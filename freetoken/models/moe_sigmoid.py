@@ -17,17 +17,14 @@ from torch import nn
 from freetoken.models.config import ModelConfig
 from freetoken.models.loader import WeightTarget
 from freetoken.models.moe import SparseMoE, _param
-from freetoken.models.moe_forward import ExpertWeights
-from freetoken.models.norms import RMSNorm
 from freetoken.ops.linear import cpu_kernel_fits, linear
-from freetoken.ops.moe_block import moe_block_decode
 
 
 class SigmoidRoutedMoE(SparseMoE):
     """GLM-4.5 MoE block; the interface of :class:`SparseMoE` (experts, observer, offload).
 
     The router weight and score bias are kept in fp32 whatever the model dtype, as transformers
-    computes the routing; the fused C++ decode block (:meth:`forward_residual`) does the same.
+    computes the routing; the fused C++ decode block (:meth:`~SparseMoE.forward_residual`) does the same.
     """
 
     def __init__(self, config: ModelConfig, layer: int, dtype: torch.dtype, device=None,
@@ -66,25 +63,19 @@ class SigmoidRoutedMoE(SparseMoE):
         return ids, weights * self.scaling
 
     def fused_fits(self, h: torch.Tensor) -> bool:
-        """Whether :meth:`forward_residual` takes ``h [T, H]``: resident experts, ``h`` and the
-        expert weights on the CPU in one kernel dtype, T at decode size (the router is fp32)."""
-        if not isinstance(self.experts, ExpertWeights) or self.router.device.type != "cpu":
+        """Whether :meth:`~SparseMoE.forward_residual` takes ``h [T, H]``: resident experts that
+        fit the C++ block, the shared experts on the CPU in ``h``'s kernel dtype, T at decode
+        size (the router is fp32, on the CPU)."""
+        if self._block_experts(h) is None or self.router.device.type != "cpu":
             return False
         shared = (self.shared.gate_up, self.shared.down) if self.has_shared else ()
-        return cpu_kernel_fits(h, self.experts.gate_up, self.experts.down, *shared)
+        return cpu_kernel_fits(h, *shared)
 
-    def forward_residual(self, h: torch.Tensor, norm: RMSNorm) -> torch.Tensor:
-        """``h + self(norm(h))`` in one C++ call (:func:`~freetoken.ops.moe_block.moe_block_decode`
-        with sigmoid routing). ``h [T, H]`` with ``fused_fits(h)``; returns ``h``'s dtype."""
-        shared = (self.shared.gate_up, self.shared.down) if self.has_shared else (None, None)
-        out, ids = moe_block_decode(h.contiguous(), norm.scale(), norm.eps, self.router,
-                                    self.experts.gate_up, self.experts.down, *shared,
-                                    top_k=self.top_k, norm_topk_prob=self.norm_topk_prob,
-                                    score_bias=self.score_bias, n_group=self.n_group,
-                                    topk_group=self.topk_group, routed_scaling=self.scaling)
-        if self.routing_observer is not None:
-            self.routing_observer(self.moe_layer, ids)
-        return out if h.dtype == torch.float32 else out.to(h.dtype)
+    def block_kwargs(self, h: torch.Tensor) -> dict:
+        """The experts and the sigmoid group routing for the fused C++ decode block."""
+        return {"score_bias": self.score_bias, "n_group": self.n_group,
+                "topk_group": self.topk_group, "routed_scaling": self.scaling,
+                **self._block_experts(h)}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``[T, H]`` -> ``[T, H]`` routed experts plus the shared experts."""

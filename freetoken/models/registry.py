@@ -83,10 +83,9 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32,
         logger.info("vision tower not loaded (%d tensors): serving the text model only", vision)
     _check_memory(MODEL_CLASSES[arch], config, checkpoint, dtype, torch.device(device), moe)
     if config.quant_method is not None:
-        logger.info("%s checkpoint: weights dequantised to %s as they are read (offloaded "
-                    "experts stay %s in the host banks)", config.quant_method,
-                    str(dtype).removeprefix("torch."), "as stored" if config.quant_method
-                    in ("mxfp4", "nvfp4") else "dequantised")
+        logger.info("%s checkpoint: dense weights dequantised to %s as they are read (experts "
+                    "in host banks, and resident ones on a CPU device, stay as stored)",
+                    config.quant_method, str(dtype).removeprefix("torch."))
     if moe is not None:
         from freetoken.offload.loading import build_offloaded
 
@@ -94,6 +93,12 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32,
                                 bandwidths, progress)
         if model is not None:
             return model.eval()
+    from freetoken.offload.resident import build_resident_banks, resident_plan
+
+    plan = resident_plan(config, checkpoint, torch.device(device), moe)
+    if plan is not None:
+        return build_resident_banks(MODEL_CLASSES[arch], config, checkpoint, dtype, *plan, moe,
+                                    progress).eval()
     model = MODEL_CLASSES[arch](config, dtype=dtype, device=device)
     advise_huge_pages(model.parameters())  # before load_weights first writes them
     load_weights(checkpoint, model.weight_targets(), progress)
@@ -122,11 +127,14 @@ def _check_memory(model_cls: type[DecoderLM], config: ModelConfig, checkpoint: C
     from freetoken.offload.loading import (
         bank_dtype, first_expert_tensor, model_bytes, stored_expert_format,
     )
+    from freetoken.offload.resident import resident_plan
 
     total = model_bytes(model_cls, config, dtype)
     experts = routed_expert_bytes(config, dtype.itemsize)
     banks, bank_type = None, dtype
-    if moe is not None and experts and resolve_backend(moe.backend, device, total) != "resident":
+    resident = moe is None or resolve_backend(moe.backend, device, total) == "resident"
+    # host banks: offloaded experts, or resident ones kept in a kernel format on the CPU
+    if experts and (not resident or resident_plan(config, checkpoint, device, moe) is not None):
         bank_type = bank_dtype(checkpoint, dtype, first_expert_tensor(config))
         banks = routed_expert_bytes(config, bank_type.itemsize)
         stored = stored_expert_format(checkpoint, config)

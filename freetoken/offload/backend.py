@@ -8,7 +8,8 @@ Backends (issue 3):
 * ``hybrid``: the q* split with online correction (``freetoken.offload.split``);
 * ``auto``: ``resident`` when the whole model fits the device budget, else ``hybrid``. On a
   CPU-only machine the "device" is host memory that already holds the banks, so ``auto`` is
-  ``resident``.
+  ``resident``; there experts stored in a kernel format (MXFP4, NVFP4, FP8) stay so
+  (``freetoken.offload.resident``).
 
 Cache size spec: an integer number of slots (``"96"``), a fraction of all experts (``"0.25"``,
 ``"1.0"``), or bytes with a unit (``"2GiB"``, ``"512MB"``). Default: 25% of the experts on a CPU
@@ -65,9 +66,10 @@ class MoeConfig:
 
     Raises:
         ValueError: unknown backend / policy / split, bad cache spec, bad ratio or eta, unknown
-            ``cpu_activations``, ``q8`` with dense banks or ``bf16`` with 4-bit ones, either
-            with ``resident``, a bad ``memory_floor`` or one with
-            ``resident``.
+            ``cpu_activations``, ``q8`` with dense banks or ``bf16`` with 4-bit ones, or
+            with ``resident`` (``bf16``), a bad ``memory_floor`` or one with ``resident``.
+            ``resident`` with a 4-bit ``expert_format`` or ``q8`` is valid on a CPU device only
+            (:func:`check_resident_device`).
     """
 
     backend: str = "auto"
@@ -98,15 +100,9 @@ class MoeConfig:
         if self.expert_format not in EXPERT_FORMATS:
             raise ValueError(f"unknown --moe-expert-format {self.expert_format!r}; choose one of "
                              f"{', '.join(EXPERT_FORMATS)}")
-        if self.backend == "resident" and self.expert_format != "dense":
-            raise ValueError(f"--moe-expert-format {self.expert_format} needs host expert banks: "
-                             "use --moe-backend offload, cpu or hybrid")
         if self.cpu_activations not in CPU_ACTIVATIONS:
             raise ValueError(f"unknown --moe-cpu-activations {self.cpu_activations!r}; choose one "
                              f"of {', '.join(CPU_ACTIVATIONS)}")
-        if self.cpu_activations == "q8" and self.backend == "resident":
-            raise ValueError("--moe-cpu-activations q8 needs 4-bit host expert banks: use "
-                             "--moe-backend cpu or hybrid with --moe-expert-format mxfp4 or q4g")
         if self.cpu_activations == "q8" and self.expert_format not in ("mxfp4", "q4g"):
             raise ValueError(f"--moe-cpu-activations q8 needs 4-bit host expert banks: use "
                              f"--moe-expert-format mxfp4 or q4g (got {self.expert_format})")
@@ -137,6 +133,24 @@ class MoeConfig:
         except ValueError as exc:
             reason = str(exc).split(": ", 1)[-1]  # drop parse_bytes' own "invalid size '…'" head
             raise ValueError(f"invalid --moe-memory-floor {self.memory_floor!r}: {reason}") from None
+
+
+def check_resident_device(moe: MoeConfig, device: torch.device) -> None:
+    """Refuse resident experts in a kernel format off the CPU: only the CPU expert kernel reads
+    4-bit banks, so ``--moe-backend resident`` (or ``auto`` resolving to it) with a 4-bit
+    ``--moe-expert-format`` or ``q8`` activations needs the CPU as the device.
+
+    Raises:
+        ValueError: such settings with ``device`` not the CPU.
+    """
+    if device.type == "cpu":
+        return
+    if moe.expert_format != "dense":
+        raise ValueError(f"--moe-expert-format {moe.expert_format} needs host expert banks on "
+                         f"{device}: use --moe-backend offload, cpu or hybrid")
+    if moe.cpu_activations == "q8":
+        raise ValueError(f"--moe-cpu-activations q8 needs 4-bit host expert banks on {device}: "
+                         "use --moe-backend cpu or hybrid with --moe-expert-format mxfp4 or q4g")
 
 
 def parse_cache_spec(spec: str) -> tuple[str, float]:

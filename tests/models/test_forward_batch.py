@@ -11,7 +11,6 @@ from freetoken.models import attention
 from freetoken.models.base import CausalLM, SequenceState
 from freetoken.models.gated_deltanet import GatedDeltaNet
 from freetoken.models.moe import SparseMoE
-from freetoken.models.moe_sigmoid import SigmoidRoutedMoE
 from freetoken.models.paged import PagedKV, SlotTable
 from freetoken.models.registry import load_model
 from freetoken.offload.backend import MoeConfig
@@ -119,13 +118,6 @@ def test_paged_decode_runs_each_layer_in_one_call(model, monkeypatch) -> None:
 
     monkeypatch.setattr(attention.Attention, "forward_paged_decode", counted_attention)
     monkeypatch.setattr(SparseMoE, "forward_residual", counted_moe)
-    sigmoid_block = SigmoidRoutedMoE.forward_residual
-
-    def counted_sigmoid(self, h, norm):
-        calls.append(("moe", h.shape[0]))
-        return sigmoid_block(self, h, norm)
-
-    monkeypatch.setattr(SigmoidRoutedMoE, "forward_residual", counted_sigmoid)
     monkeypatch.setattr(GatedDeltaNet, "forward_decode", counted_gdn)
     routes = {True: [], False: []}
     for fused in (True, False):

@@ -1,14 +1,18 @@
 """gpt-oss decode steps on the C++ decode ops (one call per layer, and the whole-step decode
-stack) past the 32-key window of the tiny preset's sliding layers: the per-sequence torch path's
-greedy tokens (fp32) and logits within the ops' tolerances (fp32 and bf16)."""
+stack) past the 32-key window of the tiny preset's sliding layers, over resident MXFP4 banks and
+dense bf16-layout experts: the per-sequence torch path's greedy tokens (fp32) and logits within
+the ops' tolerances (fp32 and bf16)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from freetoken.models.moe_gpt_oss import GptOssExperts
 from freetoken.models.paged import SlotTable
 from freetoken.models.registry import load_model
+from freetoken.models.tiny import make_tiny
+from freetoken.offload.resident import BankExperts
 from freetoken.ops.attention_decode import BF16_TOLERANCE
 from freetoken.ops.cpu_moe import relative_rms_error
 from freetoken.prefix.kv_pool import KVPagePool
@@ -42,10 +46,22 @@ def _greedy(ft, ids, mode: str, forced: list[list[int]] | None = None):
     return torch.stack(logits), tokens
 
 
+@pytest.fixture(scope="module")
+def checkpoints(tiny_checkpoint, tmp_path_factory) -> dict:
+    """The released MXFP4 layout (resident experts kept as MXFP4 banks on the CPU) and the
+    bf16 one (dense expert parameters)."""
+    bf16 = make_tiny("gpt_oss", "tiny", tmp_path_factory.mktemp("oss") / "bf16",
+                     expert_format="bf16")
+    return {"mxfp4": tiny_checkpoint("gpt_oss"), "bf16": bf16}
+
+
+@pytest.mark.parametrize("layout", ["mxfp4", "bf16"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_fused_decode_past_the_window_equals_the_torch_path(tiny_checkpoint, dtype) -> None:
-    path = tiny_checkpoint("gpt_oss")
+def test_fused_decode_past_the_window_equals_the_torch_path(checkpoints, layout, dtype) -> None:
+    path = checkpoints[layout]
     ft = load_model(path, dtype=dtype)
+    experts = ft.moe_blocks()[0].experts
+    assert isinstance(experts, BankExperts if layout == "mxfp4" else GptOssExperts)
     ids = prompt_ids(path, max(PROMPT_LENGTHS))
     assert ft.config.sliding_window == 32
     want, tokens = _greedy(ft, ids, "torch")

@@ -142,8 +142,17 @@ def test_4bit_banks_generate_the_dequantised_resident_tokens(tiny_checkpoint, fm
         block.experts.down.copy_(down[l * e:(l + 1) * e])
     expected = greedy(resident)
     assert outputs == {"offload": expected, "cpu": expected, "hybrid": expected}
-    with pytest.raises(ValueError, match="--moe-expert-format q4g needs host expert banks"):
-        MoeConfig(backend="resident", expert_format="q4g")
+    # resident on a CPU device: the experts stay in fmt, computed by the kernel, fused decode
+    # block and decode stack included; off the CPU no kernel reads them
+    resident_fmt = MoeConfig(backend="resident", expert_format=fmt)
+    if torch.device(DEVICE).type != "cpu":
+        with pytest.raises(ValueError, match=f"--moe-expert-format {fmt} needs host expert banks"):
+            load_model(path, moe=resident_fmt, device=DEVICE)
+        return
+    banked = load_model(path, moe=resident_fmt, device=DEVICE)
+    experts = banked.moe_blocks()[0].experts
+    assert type(experts).__name__ == "BankExperts" and experts.banks.format == fmt
+    assert greedy(banked) == expected
 
 
 def test_memory_floor_watcher_shrinks_and_regrows_mid_generation(tiny_checkpoint, resident_tokens):

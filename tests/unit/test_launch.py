@@ -90,8 +90,6 @@ def test_unloadable_model_is_one_error_line(tiny_checkpoint, capsys):
     (["--device", "xyz"], "--device must be cpu or cuda[:i], got 'xyz'"),
     (["--device", ""], "--device must be cpu or cuda[:i], got ''"),
     (["--device", "meta"], "--device must be cpu or cuda[:i], got 'meta'"),
-    (["--moe-backend", "resident", "--moe-expert-format", "q4g"],
-     "--moe-expert-format q4g needs host expert banks: use --moe-backend offload, cpu or hybrid"),
     (["--moe-backend", "cpu", "--moe-memory-floor", "lots"],
      "invalid --moe-memory-floor 'lots': expected a number with an optional unit (B, KB, MB, GB, "
      "TB, KiB, MiB, GiB, TiB), e.g. 2GiB"),
@@ -100,9 +98,6 @@ def test_unloadable_model_is_one_error_line(tiny_checkpoint, capsys):
     (["--moe-backend", "cpu", "--moe-memory-floor", "1.5"],
      "invalid --moe-memory-floor '1.5': give a unit, e.g. 1.5MiB or 1.5B (a bare number is "
      "ambiguous)"),
-    (["--moe-backend", "resident", "--moe-cpu-activations", "q8"],
-     "--moe-cpu-activations q8 needs 4-bit host expert banks: use --moe-backend cpu or hybrid "
-     "with --moe-expert-format mxfp4 or q4g"),
     (["--moe-backend", "resident", "--moe-memory-floor", "1GiB"],
      "--moe-memory-floor needs an expert cache: use --moe-backend offload, cpu or hybrid"),
 ])

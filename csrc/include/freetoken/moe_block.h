@@ -1,4 +1,5 @@
-// One decode step of a sparse MoE block for B tokens on the CPU with resident dense experts:
+// One decode step of a sparse MoE block for B tokens on the CPU with resident experts (dense in
+// the model dtype, or a bank set in any WeightFormat, moe.h):
 // the post-attention RMSNorm, the router, softmax top-k routing (or GLM's sigmoid group routing,
 // or gpt-oss's biased top-k), the routed SwiGLU experts (moe_forward, with gpt-oss's biases and
 // clamped activation when given), the optional shared expert and the residual add. Sources:
@@ -9,6 +10,7 @@
 #include <cstdint>
 
 #include "freetoken/isa.h"
+#include "freetoken/moe.h"
 #include "freetoken/thread_pool.h"
 
 namespace freetoken {
@@ -50,8 +52,13 @@ struct MoeBlockProblem {
   bool swiglu_clamp = false;
   float swiglu_limit = 0.0f;
   float swiglu_alpha = 1.702f;
-  const void* gate_up = nullptr;  // [E, 2I, H]
-  const void* down = nullptr;     // [E, H, I]
+  // The routed experts [E, 2I, H] / [E, H, I] (moe.h WeightBank): dense banks in the model
+  // dtype, or quantised ones (mxfp4, q4g, fp8, nvfp4) read as stored. activations: what x and
+  // silu(g) * u enter them as (moe.h MoeProblem::activations; kQ8 needs 4-bit banks, kBf16 bf16
+  // ones, fp8 / nvfp4 take kFp32 only).
+  WeightBank gate_up;
+  WeightBank down;
+  Activations activations = Activations::kFp32;
   const void* shared_gate_up = nullptr;  // [2Is, H]
   const void* shared_down = nullptr;     // [H, Is]
   float* out = nullptr;           // [B, H] fp32: h + block(h) (fully overwritten)

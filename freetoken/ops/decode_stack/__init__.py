@@ -68,15 +68,15 @@ class GdnLayer:
 @dataclass(frozen=True)
 class MoeLayer:
     """A sparse MoE block with resident experts (arguments as
-    :func:`~freetoken.ops.moe_block.moe_block_decode`, sigmoid and gpt-oss routing and gpt-oss's
-    expert biases included); a dense SwiGLU MLP is one expert, ``top_k`` 1, a zero router row
-    (softmax weight exactly 1)."""
+    :func:`~freetoken.ops.moe_block.moe_block_decode`, sigmoid and gpt-oss routing, gpt-oss's
+    expert biases and bank sets read as stored included); a dense SwiGLU MLP is one expert,
+    ``top_k`` 1, a zero router row (softmax weight exactly 1)."""
 
     norm: torch.Tensor
     eps: float
     router: torch.Tensor
-    gate_up: torch.Tensor
-    down: torch.Tensor
+    gate_up: torch.Tensor | tuple[torch.Tensor, ...]
+    down: torch.Tensor | tuple[torch.Tensor, ...]
     shared_gate_up: torch.Tensor | None
     shared_down: torch.Tensor | None
     top_k: int
@@ -90,6 +90,9 @@ class MoeLayer:
     down_bias: torch.Tensor | None = None
     swiglu_limit: float | None = None
     swiglu_alpha: float = 1.702
+    expert_format: str | None = None
+    block_size: tuple[int, int] | None = None
+    activations: str = "fp32"
 
 
 def _args(spec) -> tuple:

@@ -1,0 +1,169 @@
+"""Resident routed experts kept in a kernel format on a CPU device (``--moe-backend resident``,
+and ``auto`` there).
+
+When the compute device is the CPU, host memory is device memory: a checkpoint whose experts are
+stored in a format the CPU expert kernel reads (gpt-oss's MXFP4, ModelOpt NVFP4, the -FP8
+releases' per-expert FP8) keeps them as stored instead of dequantising the pool at load (MXFP4:
+a quarter of the bf16 bytes to hold and to stream per token), and ``--moe-expert-format mxfp4 |
+q4g`` quantises dense experts once. Each MoE layer's experts are one :class:`BankExperts`: the
+CPU expert kernel computes them, and the fused C++ decode block and decode stack read the same
+banks (``block_experts``).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import nn
+
+from freetoken.huge_pages import advise_huge_pages
+from freetoken.models.config import ModelConfig
+from freetoken.models.decoder import DecoderLM
+from freetoken.models.loader import Checkpoint, WeightTarget, load_weights
+from freetoken.offload.backend import MoeConfig
+from freetoken.offload.banks import ExpertBanks
+from freetoken.ops.cpu_moe.cpu import cpu_moe_banks
+from freetoken.ops.linear import KERNEL_MAX_ROWS
+from freetoken.ops.moe_block import bank_kwargs
+from freetoken.units import format_bytes
+
+logger = logging.getLogger("freetoken.offload")
+
+
+class BankExperts(nn.Module):
+    """The routed experts of one MoE layer held in a one-layer :class:`ExpertBanks` (rows = the
+    layer's experts ``0..E-1``) and computed by the CPU expert kernel.
+
+    Args:
+        banks: the layer's banks (``num_layers == 1``), dense or in a kernel format.
+        activations: the kernel's activations (``fp32``; ``q8`` with mxfp4 / q4g banks; ``bf16``
+            with bf16 banks), in :meth:`forward` and the fused block alike.
+    """
+
+    def __init__(self, banks: ExpertBanks, activations: str = "fp32") -> None:
+        super().__init__()
+        if banks.num_layers != 1:
+            raise ValueError(f"BankExperts holds one layer's banks, got {banks.num_layers}")
+        self.banks, self.activations = banks, activations
+
+    @property
+    def num_experts(self) -> int:
+        """E."""
+        return self.banks.num_experts
+
+    def weight_targets(self, prefix: str) -> dict[str, WeightTarget]:
+        """The checkpoint's expert tensors of this layer -> bank rows (as stored)."""
+        return self.banks.weight_targets(0, prefix)
+
+    def _glu(self) -> dict:
+        act = self.banks.activation()
+        return act.kernel_args() if act is not None else {}
+
+    def block_experts(self, h: torch.Tensor) -> dict | None:
+        """The fused decode block's routed-expert keywords (the bank set, the activations and
+        gpt-oss's biases and clamp) for ``h [T, H]`` on the CPU with T at decode size, else
+        None."""
+        if h.device.type != "cpu" or h.shape[0] > KERNEL_MAX_ROWS:
+            return None
+        return {**bank_kwargs(self.banks.kernel_view(), self.activations), **self._glu()}
+
+    def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """``x [T, H]`` (CPU), ``ids [T, k]`` int64 expert ids, ``weights [T, k]`` -> ``[T, H]``
+        in ``x``'s dtype: the gate-weighted sum of the routed experts, fp32 inside the kernel."""
+        t, k = ids.shape
+        x = x.contiguous() if x.dtype in (torch.float32, torch.bfloat16) else x.float()
+        tokens = torch.arange(t).repeat_interleave(k)
+        out = cpu_moe_banks(x.contiguous(), tokens, ids.flatten(), weights.flatten().float(),
+                            self.banks.kernel_view(), activations=self.activations,
+                            **self._glu())
+        return out.to(x.dtype)
+
+
+def resident_bank_format(stored: str | None, moe: MoeConfig | None) -> str | None:
+    """The format resident experts keep on a CPU device: the checkpoint's stored kernel format,
+    or the one ``--moe-expert-format`` asks for; None keeps dense parameters.
+
+    Raises:
+        ValueError: ``--moe-expert-format`` names another format than the stored one.
+    """
+    asked = moe.expert_format if moe is not None else "dense"
+    if stored and asked not in ("dense", stored):
+        raise ValueError(f"--moe-expert-format {asked}: this checkpoint's experts are "
+                         f"{stored.upper()} and stay so (use {stored} or dense)")
+    return stored or (None if asked == "dense" else asked)
+
+
+def build_resident_banks(model_cls: type[DecoderLM], config: ModelConfig,
+                         checkpoint: Checkpoint, dtype: torch.dtype, fmt: str,
+                         stored: str | None, moe: MoeConfig | None,
+                         progress=None) -> DecoderLM:
+    """Build ``model_cls`` on the CPU with :class:`BankExperts` in ``fmt`` in every MoE layer.
+
+    Args:
+        model_cls, config, checkpoint: what to build and from where.
+        dtype: compute dtype (the non-expert weights; dense banks hold it, or bf16 when the
+            experts are stored so).
+        fmt: the banks' format (:func:`resident_bank_format`).
+        stored: the checkpoint's stored expert format (read into the banks as is), or None
+            (dense experts, quantised to ``fmt`` once loaded).
+        moe: the backend settings (their ``cpu_activations``), or None (fp32).
+        progress: ``loader.load_weights``'s per-tensor callback, or None.
+
+    Raises:
+        ValueError: activations the banks do not take; the loader's checkpoint errors.
+    """
+    from freetoken.offload.loading import bank_dtype, first_expert_tensor
+
+    activations = moe.cpu_activations if moe is not None else "fp32"
+    if stored in ("nvfp4", "fp8") and activations != "fp32":
+        raise ValueError(f"--moe-cpu-activations {activations}: the CPU kernel reads "
+                         f"{stored.upper()} experts with fp32 activations only")
+    if activations == "bf16":
+        raise ValueError(f"--moe-cpu-activations bf16 needs bf16 expert banks, but these "
+                         f"experts are {fmt}: use --moe-cpu-activations fp32")
+    bdtype = bank_dtype(checkpoint, dtype, first_expert_tensor(config))
+    swiglu = (config.swiglu_limit, config.swiglu_alpha) if config.expert_bias else None
+    layers: list[ExpertBanks] = []
+
+    def factory(_layer: int, _moe_layer: int) -> BankExperts:
+        layers.append(ExpertBanks(1, config.num_experts, config.hidden_size,
+                                  config.moe_intermediate_size, bdtype, stored or "dense",
+                                  swiglu, config.quant_block))
+        return BankExperts(layers[-1], activations)
+
+    if stored:
+        checkpoint = Checkpoint.for_config(checkpoint.path, config, raw_experts=True)
+    model = model_cls(config, dtype=dtype, device="cpu", experts_factory=factory)
+    advise_huge_pages(model.parameters())
+    load_weights(checkpoint, model.weight_targets(), progress)
+    if not stored:
+        for banks in layers:
+            banks.quantize(fmt)
+    logger.info("moe backend resident: routed experts kept %s on the CPU (%s), cpu activations "
+                "%s", fmt if stored else f"in {fmt}",
+                format_bytes(sum(b.nbytes for b in layers)), activations)
+    return model
+
+
+def resident_plan(config: ModelConfig, checkpoint: Checkpoint, device: torch.device,
+                  moe: MoeConfig | None) -> tuple[str, str | None] | None:
+    """``(bank format, stored format or None)`` when resident experts on ``device`` are kept in
+    a kernel format (:func:`build_resident_banks`), else None (dense parameters).
+
+    Raises:
+        ValueError: a 4-bit ``--moe-expert-format`` or ``q8`` off the CPU
+            (``check_resident_device``), or an expert format other than the stored one.
+    """
+    from freetoken.offload.backend import check_resident_device
+    from freetoken.offload.loading import stored_expert_format
+
+    if device.type != "cpu":
+        if moe is not None:
+            check_resident_device(moe, device)
+        return None
+    if not any(config.is_moe_layer(i) for i in range(config.num_hidden_layers)):
+        return None
+    stored = stored_expert_format(checkpoint, config)
+    fmt = resident_bank_format(stored, moe)
+    return None if fmt is None else (fmt, stored)

@@ -1,0 +1,96 @@
+"""Resident experts kept in a kernel format on a CPU device (``freetoken.offload.resident``):
+gpt-oss's MXFP4 release stays MXFP4 under ``resident`` / ``auto`` (the released bytes, the fused
+decode block and the decode stack reading them), q8 activations there, the memory check in the
+stored format, and the refusals off the CPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from freetoken.models import registry
+from freetoken.models.decode_stack import build_decode_stack
+from freetoken.models.registry import load_model
+from freetoken.offload.backend import MoeConfig, check_resident_device
+from freetoken.offload.resident import BankExperts
+from tests.models.conftest import prompt_ids
+
+
+@pytest.mark.parametrize("moe", [None, MoeConfig(), MoeConfig(backend="resident")],
+                         ids=["no-moe-config", "auto", "resident"])
+def test_mxfp4_release_stays_mxfp4_when_resident_on_cpu(tiny_checkpoint, moe) -> None:
+    """The released blocks and scales are the resident banks' bytes (gate_up rows
+    de-interleaved), no dense expert tensor exists, and the decode stack takes the model."""
+    path = tiny_checkpoint("gpt_oss")
+    model = load_model(path, moe=moe)
+    assert model.moe_runtime is None
+    block = model.moe_blocks()[2]
+    assert isinstance(block.experts, BankExperts)
+    banks = block.experts.banks
+    assert banks.format == "mxfp4" and banks.gate_up is None and banks.down is None
+    stored = load_file(path / "model.safetensors")
+    p = "model.layers.2.mlp.experts."
+    order = torch.cat([torch.arange(0, 256, 2), torch.arange(1, 256, 2)])
+    assert torch.equal(banks.view.gate_up[0], stored[p + "gate_up_proj_blocks"][:, order])
+    assert torch.equal(banks.view.gate_up[1], stored[p + "gate_up_proj_scales"][:, order])
+    assert torch.equal(banks.view.down[0], stored[p + "down_proj_blocks"])
+    assert torch.equal(banks.gate_up_bias, stored[p + "gate_up_proj_bias"][:, order].float())
+    # 17 bytes per 32 values (codes + E8M0 scale), a quarter of bf16's 64 plus the scales
+    assert banks.nbytes == 16 * 3 * 256 * 128 * 17 // 32
+    stack = build_decode_stack(model)
+    assert stack is not None
+
+
+def test_q8_activations_run_in_the_resident_banks_and_the_stack(tiny_checkpoint) -> None:
+    """``--moe-expert-format mxfp4 --moe-cpu-activations q8``: the experts' activations are int8
+    blocks in the torch path and the stack alike; logits move from the fp32 ones, a little."""
+    path = tiny_checkpoint("gpt_oss")
+    exact = load_model(path)
+    q8 = load_model(path, moe=MoeConfig(backend="resident", expert_format="mxfp4",
+                                        cpu_activations="q8"))
+    assert q8.moe_blocks()[0].experts.activations == "q8"
+    ids = prompt_ids(path, 40)
+    ref = exact(ids, exact.new_state(), all_logits=True)
+    out = q8(ids, q8.new_state(), all_logits=True)
+    error = ((out - ref).norm() / ref.norm()).item()
+    assert 0 < error <= 0.05, error
+    probe = torch.zeros(1, exact.config.hidden_size)
+    spec = q8.moe_blocks()[0].block_kwargs(probe)
+    assert spec["activations"] == "q8" and spec["expert_format"] == "mxfp4"
+
+
+def test_memory_check_counts_the_stored_format(tiny_checkpoint, monkeypatch) -> None:
+    path = tiny_checkpoint("gpt_oss")
+    monkeypatch.setattr(registry, "available_host_memory", lambda: 2**20)
+    with pytest.raises(ValueError) as err:
+        load_model(path)
+    # 4 MoE layers x 16 experts x 3 x 256 x 128 values at 17 bytes per 32
+    assert "(routed experts 3.19 MiB in mxfp4, other weights " in str(err.value)
+
+
+def test_kernel_formats_off_the_cpu_are_refused() -> None:
+    cuda = torch.device("cuda:0")
+    with pytest.raises(ValueError) as err:
+        check_resident_device(MoeConfig(backend="resident", expert_format="q4g"), cuda)
+    assert str(err.value) == ("--moe-expert-format q4g needs host expert banks on cuda:0: use "
+                              "--moe-backend offload, cpu or hybrid")
+    with pytest.raises(ValueError) as err:
+        check_resident_device(MoeConfig(backend="resident", expert_format="mxfp4",
+                                        cpu_activations="q8"), cuda)
+    assert "needs host expert banks on cuda:0" in str(err.value)
+    with pytest.raises(ValueError) as err:
+        check_resident_device(MoeConfig(backend="resident", cpu_activations="q8"), cuda)
+    assert str(err.value) == ("--moe-cpu-activations q8 needs 4-bit host expert banks on "
+                              "cuda:0: use --moe-backend cpu or hybrid with --moe-expert-format "
+                              "mxfp4 or q4g")
+    assert check_resident_device(MoeConfig(backend="resident", expert_format="q4g"),
+                                 torch.device("cpu")) is None
+
+
+def test_resident_expert_format_other_than_the_stored_one_is_refused(tiny_checkpoint) -> None:
+    with pytest.raises(ValueError) as err:
+        load_model(tiny_checkpoint("gpt_oss"), moe=MoeConfig(backend="resident",
+                                                             expert_format="q4g"))
+    assert str(err.value) == ("--moe-expert-format q4g: this checkpoint's experts are MXFP4 and "
+                              "stay so (use mxfp4 or dense)")
