@@ -87,7 +87,8 @@ def test_streamed_event_sequence(srv):
         "response.output_text.delta", "response.output_text.done",
         "response.content_part.done", "response.output_item.done", "response.completed",
     ]
-    assert events[0]["response"]["status"] == "in_progress" and events[0]["response"]["output"] == []
+    start = events[0]["response"]
+    assert (start["status"], start["output"], start["usage"]) == ("in_progress", [], None)
     deltas = [e["delta"] for e in events if e["type"] == "response.output_text.delta"]
     assert "".join(deltas) == "Hello world!" and len(deltas) > 2
     final = events[-1]["response"]
