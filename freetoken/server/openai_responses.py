@@ -72,8 +72,8 @@ def prepare_response(
 
     Raises:
         APIError: 400 for ``conversation``, a ``text.format`` other than text, an unknown
-            ``previous_response_id`` (code ``previous_response_not_found``), a missing
-            ``input``, bad items or tools, template errors, or a prompt that does not fit the
+            ``previous_response_id`` (code ``previous_response_not_found``), a missing or
+            (without a previous response) empty ``input``, bad items or tools, template errors, or a prompt that does not fit the
             context (``context_length_exceeded``, param ``input``).
     """
     if req.conversation is not None:
@@ -94,6 +94,9 @@ def prepare_response(
         history = stored.conversation
     if req.input is None and not history:
         raise bad_request("input: Field required", param="input")
+    if req.input == [] and not history:
+        raise bad_request("input: List should have at least 1 item after validation, not 0",
+                          param="input")
     items = _input_items(req)
     policy = responses_tools(req)
     messages = [{"role": "system", "content": req.instructions}] if req.instructions else []

@@ -263,6 +263,8 @@ def _error(message: str, param: str | None, code: str | None = None) -> dict:
 BAD = [
     ({"input": 5}, _error("input: Input should be a valid string", "input")),
     ({"model": "m"}, _error("input: Field required", "input")),
+    ({"input": []}, _error("input: List should have at least 1 item after validation, not 0",
+                           "input")),
     ({"input": [{"role": "robot", "content": "x"}]},
      _error("input.0.role: Input should be 'user', 'assistant', 'system' or 'developer'",
             "input.0.role")),
