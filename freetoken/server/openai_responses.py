@@ -134,7 +134,7 @@ def responses_usage(ctx: ServerContext, fin: Finish, reasoning: str) -> dict:
         "input_tokens": fin.prompt_tokens,
         "input_tokens_details": {"cached_tokens": fin.cached_tokens, "cache_write_tokens": 0},
         "output_tokens": fin.completion_tokens,
-        "output_tokens_details": {"reasoning_tokens": thought if reasoning else 0},
+        "output_tokens_details": {"reasoning_tokens": thought},
         "total_tokens": fin.prompt_tokens + fin.completion_tokens,
     }
 
