@@ -73,8 +73,9 @@ def prepare_response(
     Raises:
         APIError: 400 for ``conversation``, a ``text.format`` other than text, an unknown
             ``previous_response_id`` (code ``previous_response_not_found``), a missing or
-            (without a previous response) empty ``input``, bad items or tools, template errors, or a prompt that does not fit the
-            context (``context_length_exceeded``, param ``input``).
+            (without a previous response) empty ``input``, bad items or tools, template
+            errors, or a prompt that does not fit the context (``context_length_exceeded``,
+            param ``input``).
     """
     if req.conversation is not None:
         raise bad_request("conversation: conversations are not supported; use "
