@@ -2,7 +2,7 @@
 :mod:`freetoken.server.messages` for the target form).
 
 One model turn arrives as several items (``reasoning``, an assistant ``message``,
-``function_call``\\ s); they are folded back into one assistant message (``reasoning_content``,
+``function_call`` items); they are folded back into one assistant message (``reasoning_content``,
 ``content``, ``tool_calls``) so a turn renders exactly as the chat endpoint renders it, and a
 conversation that grows item by item renders to a prompt that grows append-only:
 

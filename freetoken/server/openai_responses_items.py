@@ -4,11 +4,11 @@ One state machine serves both modes, so a streamed response and a non-streamed o
 items (OpenAI "Responses" streaming events; shapes as the openai SDK's ``types/responses``):
 
 * ``reasoning`` (``rs_…``): ``output_item.added`` → ``reasoning_summary_part.added`` →
-  ``reasoning_summary_text.delta``\\ s → ``reasoning_summary_text.done`` →
+  ``reasoning_summary_text.delta`` (one or more) → ``reasoning_summary_text.done`` →
   ``reasoning_summary_part.done`` → ``output_item.done``; the model's reasoning is reported
   whole as the item's single ``summary_text`` (nothing summarises it);
 * ``message`` (``msg_…``): ``output_item.added`` → ``content_part.added`` →
-  ``output_text.delta``\\ s → ``output_text.done`` → ``content_part.done`` →
+  ``output_text.delta`` (one or more) → ``output_text.done`` → ``content_part.done`` →
   ``output_item.done``, one ``output_text`` part;
 * ``function_call`` (``fc_…``, ``call_id`` ``call_…``): ``output_item.added`` (empty
   ``arguments``) → one ``function_call_arguments.delta`` with the complete arguments →
