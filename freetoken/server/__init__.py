@@ -2,12 +2,14 @@
 
 Request path: ``middleware`` (error net, API key, body limit) → ``*_routes`` →
 ``context.parse_body`` (strict JSON; pydantic models in ``*_protocol``) → ``openai_chat`` /
-``anthropic_chat`` / ``openai_completions`` build a job in a worker thread: ``messages`` +
+``anthropic_chat`` / ``openai_completions`` / ``openai_responses`` (its input items folded into
+chat messages by ``openai_responses_input``) build a job in a worker thread: ``messages`` +
 ``tools`` normalise the conversation, ``prompt`` renders and tokenizes it and checks the context,
 ``sampling`` clamps the output limit → ``generation`` drives the engine and the output parser →
-``anthropic_blocks`` / the OpenAI builders shape the events; ``streaming`` sends SSE (keep-alive
-pings, disconnect → abort) and ``responses`` the JSON answers; ``errors`` renders every failure
-in the API's own shape.
+``anthropic_blocks`` / ``openai_responses_items`` / the OpenAI builders shape the events;
+``streaming`` sends SSE (keep-alive pings, disconnect → abort) and ``responses`` the JSON answers
+(past Responses API responses live in ``openai_responses_store``); ``errors`` renders every
+failure in the API's own shape.
 
 Wiring (CLI, ``freetoken.launch``): ``create_app(engine, ServerConfig(...))``, then uvicorn on a
 socket bound before the model loaded.

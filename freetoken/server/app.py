@@ -15,6 +15,7 @@ from freetoken.server.config import ServerConfig
 from freetoken.server.context import ServerContext
 from freetoken.server.errors import APIError, api_for_path, error_response
 from freetoken.server.middleware import ErrorNetMiddleware, GuardMiddleware
+from freetoken.server.openai_responses_routes import responses_router
 from freetoken.server.openai_routes import openai_router
 from freetoken.server.prompt import ParserFactory, PromptTemplate
 from freetoken.server.session_routes import session_router
@@ -60,6 +61,7 @@ def create_app(
     """Build the HTTP app serving ``engine`` through the OpenAI and Anthropic APIs.
 
     Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``,
+    ``POST /v1/responses``, ``GET|DELETE /v1/responses/{id}``,
     ``POST /v1/messages``, ``POST /v1/messages/count_tokens``, ``GET /health``, ``GET|HEAD /``,
     and the operator routes ``GET /metrics`` and ``GET|POST /v1/freetoken/memory``.
     Every error (including unknown routes and bugs, see ``ErrorNetMiddleware``) is answered in
@@ -125,6 +127,7 @@ def create_app(
         return JSONResponse({"status": "ok", "name": "freetoken"})
 
     app.include_router(openai_router(ctx))
+    app.include_router(responses_router(ctx))
     app.include_router(anthropic_router(ctx))
     app.include_router(admin_router(ctx))
     app.include_router(session_router(ctx))

@@ -36,3 +36,14 @@ def completion_id() -> str:
 def message_id() -> str:
     """``msg_`` + 24 alphanumerics (the Anthropic message id form)."""
     return "msg_" + random_alnum(24)
+
+
+def response_id() -> str:
+    """``resp_`` + 24 alphanumerics (the Responses API response id form)."""
+    return "resp_" + random_alnum(24)
+
+
+def output_item_id(kind: str) -> str:
+    """An output item id of the Responses API: ``msg_`` (message), ``rs_`` (reasoning) or
+    ``fc_`` (function call) + 24 alphanumerics; ``kind`` is that prefix without ``_``."""
+    return f"{kind}_" + random_alnum(24)

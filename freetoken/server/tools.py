@@ -1,8 +1,9 @@
-"""Tool declarations and ``tool_choice`` of both APIs, reduced to what the prompt, the parser and
-the sampler need.
+"""Tool declarations and ``tool_choice`` of the chat, Responses and Messages APIs, reduced to what
+the prompt, the parser and the sampler need.
 
-Tools are kept in the OpenAI form ``{"type": "function", "function": {"name", "description",
-"parameters"}}`` (the form ChatTemplate renders and OutputParser reads). ``tool_choice``:
+Tools are kept in the OpenAI chat form ``{"type": "function", "function": {"name",
+"description", "parameters"}}`` (the form ChatTemplate renders and OutputParser reads; the
+Responses API's flat ``{"type": "function", "name", ...}`` is converted). ``tool_choice``:
 
 * ``auto`` (or absent): calls are parsed, nothing is forced;
 * ``none``: tool-call parsing is off while the tools stay in the prompt (a stable prompt prefix
@@ -30,6 +31,7 @@ from freetoken.core import SamplingParams
 from freetoken.server.anthropic_protocol import CountTokensRequest
 from freetoken.server.errors import bad_request
 from freetoken.server.openai_protocol import ChatCompletionRequest
+from freetoken.server.openai_responses_protocol import ResponsesRequest
 
 _EMPTY_SCHEMA = {"type": "object", "properties": {}}
 
@@ -113,6 +115,25 @@ def _check_named(name: str, tools: list[dict] | None, param: str) -> None:
         raise bad_request(f"{param}: no tool named {name!r} in tools", param=param)
 
 
+def _function_policy(tools: list[dict] | None, choice: str | None, named: str | None,
+                     named_param: str, parallel: bool | None) -> ToolPolicy:
+    """The policy of an OpenAI-style choice (``auto`` / ``none`` / ``required`` or the name a
+    named choice forces, reported under ``named_param``)."""
+    if choice == "required" and not tools:
+        raise bad_request(
+            "tool_choice: 'required' needs a non-empty tools list", param="tool_choice"
+        )
+    if named is not None:
+        _check_named(named, tools, named_param)
+    return ToolPolicy(
+        tools,
+        parse_tools=bool(tools) and choice != "none",
+        require_call=choice == "required" or named is not None,
+        named=named,
+        parallel=parallel is not False,
+    )
+
+
 def openai_tools(req: ChatCompletionRequest) -> ToolPolicy:
     """Tool policy of a chat-completions request (``required`` / named choices force a call).
 
@@ -129,21 +150,25 @@ def openai_tools(req: ChatCompletionRequest) -> ToolPolicy:
         else None
     )
     choice = req.tool_choice
-    if choice == "required" and not tools:
-        raise bad_request(
-            "tool_choice: 'required' needs a non-empty tools list", param="tool_choice"
-        )
-    named = None
-    if choice is not None and not isinstance(choice, str):
-        named = choice.function.name
-        _check_named(named, tools, "tool_choice.function.name")
-    return ToolPolicy(
-        tools,
-        parse_tools=bool(tools) and choice != "none",
-        require_call=choice == "required" or named is not None,
-        named=named,
-        parallel=req.parallel_tool_calls is not False,
-    )
+    if isinstance(choice, str) or choice is None:
+        return _function_policy(tools, choice, None, "", req.parallel_tool_calls)
+    return _function_policy(tools, None, choice.function.name, "tool_choice.function.name",
+                            req.parallel_tool_calls)
+
+
+def responses_tools(req: ResponsesRequest) -> ToolPolicy:
+    """Tool policy of a Responses request (flat function tools; ``required`` / named choices
+    force a call).
+
+    Raises:
+        APIError: 400 as :func:`openai_tools` (a named choice is reported as
+            ``tool_choice.name``).
+    """
+    tools = [_function(t.name, t.description, t.parameters) for t in req.tools or []] or None
+    choice = req.tool_choice
+    if isinstance(choice, str) or choice is None:
+        return _function_policy(tools, choice, None, "", req.parallel_tool_calls)
+    return _function_policy(tools, None, choice.name, "tool_choice.name", req.parallel_tool_calls)
 
 
 def anthropic_tools(req: CountTokensRequest) -> ToolPolicy:

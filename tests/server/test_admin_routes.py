@@ -146,7 +146,11 @@ def test_startup_endpoint_list_matches_the_app(srv) -> None:
     assert {("GET", "/metrics"), ("GET", PATH), ("POST", PATH)} <= {(m, p) for m, p, _ in ENDPOINTS}
     for method, path, _ in ENDPOINTS:  # every listed route exists (a bad body is a 400, not 404)
         r = srv.http.request(method, path.replace("{id}", "sess_x"), json={} if method == "POST" else None)
-        if "{id}" in path:  # the route exists: the unknown id is the session API's own 404
-            assert (r.status_code, r.json()["error"]["code"]) == (404, "session_not_found"), (method, path)
+        if "{id}" in path:  # the route exists: the unknown id is its API's own 404
+            error = r.json()["error"]
+            if path.startswith("/v1/responses/"):
+                assert (r.status_code, error["message"]) == (404, "Response with id 'sess_x' not found.")
+            else:
+                assert (r.status_code, error["code"]) == (404, "session_not_found"), (method, path)
             continue
         assert r.status_code in (200, 400), (method, path, r.status_code)

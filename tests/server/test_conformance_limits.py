@@ -96,6 +96,16 @@ def test_prompt_longer_than_the_context_is_a_400_on_every_endpoint(tiny, stream)
     )
     assert error["message"].startswith(f"This model's maximum context length is {MAX_LEN} tokens.")
 
+    r = tiny.http.post("/v1/responses", json={"input": LONG, "stream": stream})
+    assert r.status_code == 400
+    error = r.json()["error"]
+    assert (error["type"], error["code"], error["param"]) == (
+        "invalid_request_error",
+        "context_length_exceeded",
+        "input",
+    )
+    assert error["message"].endswith("Please reduce the length of the input.")
+
     too_long = list(range(1, MAX_LEN + 1))
     r = tiny.http.post("/v1/completions", json={"prompt": too_long, "stream": stream})
     assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
@@ -115,7 +125,8 @@ def test_a_prompt_that_leaves_one_token_runs(tiny):
 
 @pytest.mark.parametrize(
     "path",
-    ["/v1/chat/completions", "/v1/messages?beta=true", "/v1/messages/count_tokens?beta=true"],
+    ["/v1/chat/completions", "/v1/messages?beta=true", "/v1/messages/count_tokens?beta=true",
+     "/v1/responses"],
 )
 @pytest.mark.parametrize("raw", [b'{"messages": [', b"[]", b'{"messages": "hi"}'])
 def test_malformed_body_is_a_400_and_the_server_stays_healthy(tiny, path, raw):

@@ -19,8 +19,9 @@ def served(make_server):
         ("/v1/chat/completions", {"messages": USER, "stream": True}),
         ("/v1/messages", {"messages": USER, "stream": True, "max_tokens": 100_000}),
         ("/v1/completions", {"prompt": "x", "stream": True}),
+        ("/v1/responses", {"input": "go", "stream": True}),
     ],
-    ids=["openai-chat", "anthropic", "openai-completions"],
+    ids=["openai-chat", "anthropic", "openai-completions", "openai-responses"],
 )
 def test_stream_disconnect_aborts_generation(served, path, body):
     served.engine.push("tick ", endless=True, token_delay_s=0.02)
@@ -41,8 +42,9 @@ def test_stream_disconnect_aborts_generation(served, path, body):
     [
         ("/v1/chat/completions", {"messages": USER}),
         ("/v1/messages", {"messages": USER, "max_tokens": 100_000}),
+        ("/v1/responses", {"input": "go"}),
     ],
-    ids=["openai", "anthropic"],
+    ids=["openai", "anthropic", "openai-responses"],
 )
 def test_non_streaming_disconnect_aborts_generation(served, path, body):
     served.engine.push("tick ", endless=True, token_delay_s=0.02)

@@ -19,6 +19,7 @@ from tests.server.srv_fakes import ChatMLStandIn, FakeEngine
 CHAT = "/v1/chat/completions"
 MSGS = "/v1/messages"
 CMPL = "/v1/completions"
+RESP = "/v1/responses"
 USER = '[{"role": "user", "content": "hi"}]'
 
 
@@ -108,6 +109,14 @@ CASES = [
             "prompt.1: Input should be a valid integer, unable to parse string as an integer",
             "prompt.1",
         ),
+    ),
+    ("resp-deep", RESP, '{"input": ' + DEEP + "}", oai(TOO_DEEP)),
+    (
+        "resp-surrogate-item-text",
+        RESP,
+        '{"input": [{"role": "user", "content": [{"type": "input_text", "text": "\\udfff"}]}]}',
+        oai(f"input.0.content.0.text: {SURROGATE.replace('ud800', 'udfff')}",
+            "input.0.content.0.text"),
     ),
     (
         "oai-named-choice-without-name",

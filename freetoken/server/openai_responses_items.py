@@ -1,0 +1,155 @@
+"""Turns parser events into Responses API output items, as stream events and as final items.
+
+One state machine serves both modes, so a streamed response and a non-streamed one carry the same
+items (OpenAI "Responses" streaming events; shapes as the openai SDK's ``types/responses``):
+
+* ``reasoning`` (``rs_…``): ``output_item.added`` → ``reasoning_summary_part.added`` →
+  ``reasoning_summary_text.delta`` (one or more) → ``reasoning_summary_text.done`` →
+  ``reasoning_summary_part.done`` → ``output_item.done``; the model's reasoning is reported
+  whole as the item's single ``summary_text`` (nothing summarises it);
+* ``message`` (``msg_…``): ``output_item.added`` → ``content_part.added`` →
+  ``output_text.delta`` (one or more) → ``output_text.done`` → ``content_part.done`` →
+  ``output_item.done``, one ``output_text`` part;
+* ``function_call`` (``fc_…``, ``call_id`` ``call_…``): ``output_item.added`` (empty
+  ``arguments``) → one ``function_call_arguments.delta`` with the complete arguments →
+  ``function_call_arguments.done`` → ``output_item.done``.
+
+Whitespace-only text or reasoning is held back until real content follows, so no blank message
+precedes a call. Payloads carry ``type`` but no ``sequence_number`` (the stream numbers them).
+"""
+
+from __future__ import annotations
+
+import copy
+
+from freetoken.parsers.events import ParserEvent, ReasoningDelta, TextDelta, ToolCallEvent
+from freetoken.server.ids import openai_tool_call_id, output_item_id
+
+
+class OutputBuilder:
+    """Feeds parser events, returns stream payloads, and accumulates the final ``output``.
+
+    Attributes:
+        items: the output items so far (each as the final ``output[]`` entry).
+        reasoning: all reasoning text produced (for ``reasoning_tokens``).
+    """
+
+    def __init__(self) -> None:
+        self.items: list[dict] = []
+        self.reasoning = ""
+        self._open: str | None = None  # "message" | "reasoning" while an item streams
+        self._pending_kind: str | None = None
+        self._pending = ""
+
+    def feed(self, event: ParserEvent) -> list[dict]:
+        """Stream payloads caused by ``event``."""
+        if isinstance(event, TextDelta):
+            return self._stream_text("message", event.text)
+        if isinstance(event, ReasoningDelta):
+            return self._stream_text("reasoning", event.text)
+        if isinstance(event, ToolCallEvent):
+            return self._function_call(event)
+        raise TypeError(f"unexpected parser event {event!r}")
+
+    def close(self, status: str = "completed") -> list[dict]:
+        """Finish the open item (``status`` ``completed`` or ``incomplete``: generation was
+        cut); held-back whitespace is dropped."""
+        self._pending_kind, self._pending = None, ""
+        return self._close_open(status)
+
+    def _stream_text(self, kind: str, text: str) -> list[dict]:
+        if not text:
+            return []
+        out: list[dict] = []
+        if self._open != kind:
+            if not text.strip():
+                if self._pending_kind != kind:
+                    self._pending_kind, self._pending = kind, ""
+                self._pending += text
+                return []
+            if self._pending_kind == kind:
+                text = self._pending + text
+            self._pending_kind, self._pending = None, ""
+            out += self._close_open("completed")
+            out += self._start_text(kind)
+        index = len(self.items) - 1
+        item = self.items[index]
+        if kind == "reasoning":
+            item["summary"][0]["text"] += text
+            self.reasoning += text
+            out.append({"type": "response.reasoning_summary_text.delta", "item_id": item["id"],
+                        "output_index": index, "summary_index": 0, "delta": text})
+        else:
+            item["content"][0]["text"] += text
+            out.append({"type": "response.output_text.delta", "item_id": item["id"],
+                        "output_index": index, "content_index": 0, "delta": text,
+                        "logprobs": []})
+        return out
+
+    def _start_text(self, kind: str) -> list[dict]:
+        index = len(self.items)
+        if kind == "reasoning":
+            item = {"id": output_item_id("rs"), "type": "reasoning", "summary": []}
+            part = {"type": "summary_text", "text": ""}
+            added = {"type": "response.reasoning_summary_part.added", "item_id": item["id"],
+                     "output_index": index, "summary_index": 0, "part": dict(part)}
+            final = {**item, "summary": [part]}
+        else:
+            item = {"id": output_item_id("msg"), "type": "message", "role": "assistant",
+                    "status": "in_progress", "content": []}
+            part = {"type": "output_text", "text": "", "annotations": []}
+            added = {"type": "response.content_part.added", "item_id": item["id"],
+                     "output_index": index, "content_index": 0, "part": copy.deepcopy(part)}
+            final = {**item, "content": [part]}
+        self.items.append(final)
+        self._open = kind
+        return [{"type": "response.output_item.added", "output_index": index, "item": item}, added]
+
+    def _function_call(self, event: ToolCallEvent) -> list[dict]:
+        self._pending_kind, self._pending = None, ""
+        out = self._close_open("completed")
+        index = len(self.items)
+        item = {"id": output_item_id("fc"), "type": "function_call", "status": "in_progress",
+                "call_id": openai_tool_call_id(), "name": event.name, "arguments": ""}
+        out.append({"type": "response.output_item.added", "output_index": index,
+                    "item": dict(item)})
+        item.update(arguments=event.arguments, status="completed")
+        self.items.append(item)
+        out.append({"type": "response.function_call_arguments.delta", "item_id": item["id"],
+                    "output_index": index, "delta": event.arguments})
+        out.append({"type": "response.function_call_arguments.done", "item_id": item["id"],
+                    "output_index": index, "name": event.name, "arguments": event.arguments})
+        out.append({"type": "response.output_item.done", "output_index": index,
+                    "item": dict(item)})
+        return out
+
+    def _close_open(self, status: str) -> list[dict]:
+        if self._open is None:
+            return []
+        index = len(self.items) - 1
+        item = self.items[index]
+        out: list[dict]
+        if self._open == "reasoning":
+            part = item["summary"][0]
+            out = [
+                {"type": "response.reasoning_summary_text.done", "item_id": item["id"],
+                 "output_index": index, "summary_index": 0, "text": part["text"]},
+                {"type": "response.reasoning_summary_part.done", "item_id": item["id"],
+                 "output_index": index, "summary_index": 0, "part": dict(part)},
+            ]
+            if status != "completed":
+                item["status"] = status
+        else:
+            part = item["content"][0]
+            item["status"] = status
+            out = [
+                {"type": "response.output_text.done", "item_id": item["id"],
+                 "output_index": index, "content_index": 0, "text": part["text"],
+                 "logprobs": []},
+                {"type": "response.content_part.done", "item_id": item["id"],
+                 "output_index": index, "content_index": 0, "part": copy.deepcopy(part)},
+            ]
+        out.append({"type": "response.output_item.done", "output_index": index,
+                    "item": copy.deepcopy(item)})
+        self._open = None
+        return out
