@@ -23,6 +23,7 @@ ISA_FLAGS = {
     "rows_fp8_avx2": ["-mavx2", "-mfma", "-mf16c"],
     "rows_nvfp4_avx2": ["-mavx2", "-mfma", "-mf16c"],
     "decode_avx2": ["-mavx2", "-mfma", "-mf16c"],
+    "dequant_avx2": ["-mavx2", "-mfma", "-mf16c"],
     "decode_avx512": ["-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl"],
     "rows_dot_avx512": ["-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl"],
     "rows_fp8_avx512": ["-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl"],

@@ -12,6 +12,7 @@
 #include <stdexcept>
 
 #include "freetoken/attention.h"
+#include "freetoken/dequant.h"
 #include "freetoken/gdn.h"
 #include "freetoken/linear.h"
 #include "freetoken/moe.h"
@@ -281,6 +282,46 @@ py::tuple quantize_q8_natural(const py::handle& v) {
 
 }  // namespace
 
+namespace {
+
+// Dense copies of experts `ids` of an MXFP4 bank (freetoken/dequant.h) into `out` [n, R, C]
+// float32 / bfloat16. Blocking, GIL released, queued behind earlier pool work.
+void dequantize_experts(const std::string& format, const py::tuple& bank, const py::handle& ids,
+                        const py::handle& out, const std::optional<std::string>& isa) {
+  if (format != "mxfp4") {
+    throw py::value_error("dequantize_experts reads mxfp4 banks only, got " + format);
+  }
+  BankArg b = check_bank(format, bank, "bank", "[N, R, C]");
+  TensorArg ia = check_tensor(ids, "ids", "[n]", 1, {"int64"});
+  TensorArg oa = check_tensor(out, "out", "[n, R, C]", 3, {"float32", "bfloat16"});
+  const int64_t N = b.logical[0], R = b.logical[1], C = b.logical[2], n = ia.shape[0];
+  if (oa.shape != std::vector<int64_t>{n, R, C}) {
+    throw py::value_error("out " + shape_str(oa.shape) + " must be [n, R, C] = " +
+                          shape_str({n, R, C}));
+  }
+  const auto* id = static_cast<const int64_t*>(ia.data);
+  for (int64_t i = 0; i < n; ++i) {
+    if (id[i] < 0 || id[i] >= N) {
+      throw py::value_error("ids[" + std::to_string(i) + "] = " + std::to_string(id[i]) +
+                            " outside [0, " + std::to_string(N) + ")");
+    }
+  }
+  const auto* blocks = static_cast<const uint8_t*>(b.bank.values);
+  const auto* scales = static_cast<const uint8_t*>(b.bank.scales);
+  void* data = oa.data;
+  const bool bf16 = oa.is_bf16;
+  const Isa variant = resolve_isa(isa);
+  MoeRunner& r = runner();
+  py::gil_scoped_release release;
+  MoeTicket ticket = r.submit_work([=](ThreadPool& pool) {
+    dequantize_mxfp4_experts(blocks, scales, R, C, id, n, bf16, data, variant, pool);
+  });
+  r.wait(ticket);
+  ticket.done.get();
+}
+
+}  // namespace
+
 void bind_moe(py::module_& m) {
   py::class_<MoeHandle>(m, "MoeHandle", "Pending CPU MoE result; wait() returns out [T, H] fp32.")
       .def("wait", &MoeHandle::wait, "Block (GIL released) until done; return out [T, H] fp32.")
@@ -301,6 +342,10 @@ void bind_moe(py::module_& m) {
         py::arg("block_size") = py::none(),
         "submit() for banks in any format: gate_up / down are tuples of tensors (bank_args.h); "
         "block_size (bm, bn): the fp8 scale block, fp8 banks only.");
+  m.def("dequantize_experts", &dequantize_experts, py::arg("format"), py::arg("bank"),
+        py::arg("ids"), py::arg("out"), py::arg("isa") = py::none(),
+        "Dense copies of experts ids of an mxfp4 bank (blocks, scales) into out [n, R, C] "
+        "float32 / bfloat16 (freetoken/dequant.h).");
   m.def("linear", &linear, py::arg("x"), py::arg("w"), py::arg("isa") = py::none(),
         "Dense linear at decode sizes: x [T, C] fp32/bf16 @ w [R, C]^T (bf16 or fp32, "
         "contiguous CPU) -> [T, R] fp32, on the kernel's pool (blocking, GIL released).");

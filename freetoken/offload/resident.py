@@ -13,6 +13,7 @@ banks (``block_experts``).
 from __future__ import annotations
 
 import logging
+import math
 
 import torch
 from torch import nn
@@ -23,12 +24,41 @@ from freetoken.models.decoder import DecoderLM
 from freetoken.models.loader import Checkpoint, WeightTarget, load_weights
 from freetoken.offload.backend import MoeConfig
 from freetoken.offload.banks import ExpertBanks
+from freetoken.models.moe_forward import ClampedSwiGLU, grouped_swiglu
 from freetoken.ops.cpu_moe.cpu import cpu_moe_banks
+from freetoken.ops.cpu_moe.dequant import dequantize_experts
 from freetoken.ops.linear import KERNEL_MAX_ROWS
 from freetoken.ops.moe_block import bank_kwargs
 from freetoken.units import format_bytes
 
 logger = logging.getLogger("freetoken.offload")
+# Routed entries per expert past which a forward with fp32 activations copies MXFP4 experts
+# dense for batched matmuls. One MoE layer of the small gpt_oss preset (64 experts, top-4,
+# H 1024, I 512, bf16, 2 cores, machine shared): the expert kernel 29 / 48 / 86 / 197 ms at
+# 128 / 256 / 512 / 1024 tokens, the copies plus matmuls 54 / 50 / 65 / 72 ms (dense resident
+# experts: 30 / 56 / 56 / 55 ms).
+DENSE_PREFILL_ROWS = 16
+SCRATCH_BYTES = 256 * 2**20  # the dense copies of one chunk of experts
+
+
+class _Scratch:
+    """Buffers for the dense copies, reused across chunks, layers and steps (fresh memory for
+    each chunk would cost a page fault every 4 KiB), grown on demand."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[tuple[int, torch.dtype], torch.Tensor] = {}
+
+    def take(self, role: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """A ``shape`` view of buffer ``role`` (0: gate_up, 1: down) in ``dtype``."""
+        numel = math.prod(shape)
+        buffer = self._buffers.get((role, dtype))
+        if buffer is None or buffer.numel() < numel:
+            buffer = torch.empty(numel, dtype=dtype)
+            self._buffers[(role, dtype)] = buffer
+        return buffer[:numel].view(shape)
+
+
+_scratch = _Scratch()
 
 
 class BankExperts(nn.Module):
@@ -70,13 +100,44 @@ class BankExperts(nn.Module):
 
     def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """``x [T, H]`` (CPU), ``ids [T, k]`` int64 expert ids, ``weights [T, k]`` -> ``[T, H]``
-        in ``x``'s dtype: the gate-weighted sum of the routed experts, fp32 inside the kernel."""
+        in ``x``'s dtype: the gate-weighted sum of the routed experts, fp32 inside the kernel;
+        past ``DENSE_PREFILL_ROWS`` entries per expert (long prefill chunks) MXFP4 experts with
+        fp32 activations are copied dense (exact) into a reused scratch, up to
+        ``SCRATCH_BYTES`` at a time, and run as batched matmuls (``grouped_swiglu``: the values
+        and the math of dense resident experts, bit for bit)."""
         t, k = ids.shape
+        if (self.banks.format == "mxfp4" and self.activations == "fp32"
+                and t * k > DENSE_PREFILL_ROWS * self.num_experts):
+            return self._dense_forward(x, ids, weights)
         x = x.contiguous() if x.dtype in (torch.float32, torch.bfloat16) else x.float()
         tokens = torch.arange(t).repeat_interleave(k)
         out = cpu_moe_banks(x.contiguous(), tokens, ids.flatten(), weights.flatten().float(),
                             self.banks.kernel_view(), activations=self.activations,
                             **self._glu())
+        return out.to(x.dtype)
+
+
+    def _dense_forward(self, x: torch.Tensor, ids: torch.Tensor,
+                       weights: torch.Tensor) -> torch.Tensor:
+        view, act = self.banks.kernel_view(), self.banks.activation()
+        dtype = x.dtype if x.dtype in (torch.float32, torch.bfloat16) else torch.float32
+        used = ids.flatten().unique()  # sorted: experts run in id order, as resident ones do
+        dense_bytes = 3 * view.hidden * view.intermediate * dtype.itemsize
+        per = max(1, SCRATCH_BYTES // dense_bytes)
+        out = None
+        for start in range(0, used.numel(), per):
+            chunk = used[start:start + per]
+            local = torch.searchsorted(chunk, ids).clamp_(max=chunk.numel() - 1)
+            local = torch.where(chunk[local] == ids, local, -1)
+            gate_up = _scratch.take(0, (chunk.numel(), 2 * view.intermediate, view.hidden), dtype)
+            down = _scratch.take(1, (chunk.numel(), view.hidden, view.intermediate), dtype)
+            dequantize_experts("mxfp4", view.gate_up, chunk, dtype, out=gate_up)
+            dequantize_experts("mxfp4", view.down, chunk, dtype, out=down)
+            glu = None if act is None else ClampedSwiGLU(act.gate_up_bias[chunk],
+                                                        act.down_bias[chunk], act.limit,
+                                                        act.alpha)
+            part = grouped_swiglu(x.to(dtype), local, weights.to(dtype), gate_up, down, glu)
+            out = part if out is None else out + part
         return out.to(x.dtype)
 
 

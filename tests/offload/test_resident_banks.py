@@ -1,7 +1,7 @@
 """Resident experts kept in a kernel format on a CPU device (``freetoken.offload.resident``):
 gpt-oss's MXFP4 release stays MXFP4 under ``resident`` / ``auto`` (the released bytes, the fused
-decode block and the decode stack reading them), q8 activations there, the memory check in the
-stored format, and the refusals off the CPU."""
+decode block and the decode stack reading them), long prefill chunks over dense copies, q8
+activations there, the memory check in the stored format, and the refusals off the CPU."""
 
 from __future__ import annotations
 
@@ -11,9 +11,13 @@ from safetensors.torch import load_file
 
 from freetoken.models import registry
 from freetoken.models.decode_stack import build_decode_stack
+from freetoken.models.moe_forward import grouped_swiglu
 from freetoken.models.registry import load_model
+from freetoken.offload import resident
 from freetoken.offload.backend import MoeConfig, check_resident_device
+from freetoken.offload.banks import ExpertBanks
 from freetoken.offload.resident import BankExperts
+from freetoken.ops.cpu_moe.cpu import cpu_moe_banks
 from tests.models.conftest import prompt_ids
 
 
@@ -79,11 +83,6 @@ def test_kernel_formats_off_the_cpu_are_refused() -> None:
         check_resident_device(MoeConfig(backend="resident", expert_format="mxfp4",
                                         cpu_activations="q8"), cuda)
     assert "needs host expert banks on cuda:0" in str(err.value)
-    with pytest.raises(ValueError) as err:
-        check_resident_device(MoeConfig(backend="resident", cpu_activations="q8"), cuda)
-    assert str(err.value) == ("--moe-cpu-activations q8 needs 4-bit host expert banks on "
-                              "cuda:0: use --moe-backend cpu or hybrid with --moe-expert-format "
-                              "mxfp4 or q4g")
     assert check_resident_device(MoeConfig(backend="resident", expert_format="q4g"),
                                  torch.device("cpu")) is None
 
@@ -94,3 +93,53 @@ def test_resident_expert_format_other_than_the_stored_one_is_refused(tiny_checkp
                                                              expert_format="q4g"))
     assert str(err.value) == ("--moe-expert-format q4g: this checkpoint's experts are MXFP4 and "
                               "stay so (use mxfp4 or dense)")
+
+
+def _layer_banks(swiglu, seed: int) -> ExpertBanks:
+    g = torch.Generator().manual_seed(seed)
+    banks = ExpertBanks(1, 16, 64, 32, torch.bfloat16, swiglu=swiglu)
+    banks.gate_up.copy_(torch.randn(16, 64, 64, generator=g) / 8)
+    banks.down.copy_(torch.randn(16, 64, 32, generator=g) / 6)
+    if swiglu is not None:
+        banks.gate_up_bias.copy_(torch.randn(16, 64, generator=g))
+        banks.down_bias.copy_(torch.randn(16, 64, generator=g))
+    banks.quantize("mxfp4")
+    return banks
+
+
+@pytest.mark.parametrize("swiglu", [None, (7.0, 1.702)], ids=["silu", "gpt-oss"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_long_prefill_runs_dense_copies_of_the_mxfp4_experts(swiglu, dtype, monkeypatch):
+    """Past DENSE_PREFILL_ROWS entries per expert the MXFP4 experts run as dense copies: bit for
+    bit the dense resident experts' result (the same values, the same matmuls); in chunks of a
+    few experts (a small scratch) the same up to the order of the per-chunk sums; below it, the
+    expert kernel."""
+    experts = BankExperts(_layer_banks(swiglu, seed=3))
+    g = torch.Generator().manual_seed(4)
+    t = resident.DENSE_PREFILL_ROWS * 16 // 4 + 9  # just past the threshold at top-4
+    x = torch.randn(t, 64, generator=g).to(dtype)
+    ids = torch.stack([torch.randperm(16, generator=g)[:4] for _ in range(t)])
+    weights = torch.rand(t, 4, generator=g).to(dtype)
+    gate_up, down = (w.to(dtype) for w in experts.banks.kernel_view().dequantize())
+    act = experts.banks.activation()
+    want = grouped_swiglu(x, ids, weights, gate_up, down, act)
+    assert torch.equal(experts(x, ids, weights), want)
+    monkeypatch.setattr(resident, "SCRATCH_BYTES", 3 * 64 * 32 * dtype.itemsize * 3)
+    chunked = experts(x, ids, weights)  # six chunks of three experts (the last one of one)
+    tolerance = 1e-6 if dtype == torch.float32 else 1e-2
+    assert ((chunked.float() - want.float()).norm() / want.float().norm()).item() <= tolerance
+    short = experts(x[:8], ids[:8], weights[:8])  # below the threshold: the expert kernel
+    tokens = torch.arange(8).repeat_interleave(4)
+    kernel = cpu_moe_banks(x[:8].contiguous(), tokens, ids[:8].flatten(),
+                           weights[:8].flatten().float(), experts.banks.kernel_view(),
+                           **(act.kernel_args() if act is not None else {}))
+    assert torch.equal(short, kernel.to(dtype))
+
+
+def test_q8_activations_keep_the_kernel_for_long_prefill(monkeypatch):
+    experts = BankExperts(_layer_banks(None, seed=5), activations="q8")
+    monkeypatch.setattr(resident, "dequantize_experts", None)  # would raise if called
+    t = resident.DENSE_PREFILL_ROWS * 16 // 4 + 9
+    ids = torch.stack([torch.randperm(16)[:4] for _ in range(t)])
+    out = experts(torch.randn(t, 64), ids, torch.rand(t, 4))
+    assert out.shape == (t, 64) and torch.isfinite(out).all()
