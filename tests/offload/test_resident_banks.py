@@ -18,7 +18,7 @@ from freetoken.offload.backend import MoeConfig, check_resident_device
 from freetoken.offload.banks import ExpertBanks
 from freetoken.offload.resident import BankExperts
 from freetoken.ops.cpu_moe.cpu import cpu_moe_banks
-from tests.models.conftest import prompt_ids
+from tests.models.conftest import load_hf, prompt_ids
 
 
 @pytest.mark.parametrize("moe", [None, MoeConfig(), MoeConfig(backend="resident")],
@@ -143,3 +143,18 @@ def test_q8_activations_keep_the_kernel_for_long_prefill(monkeypatch):
     ids = torch.stack([torch.randperm(16)[:4] for _ in range(t)])
     out = experts(torch.randn(t, 64), ids, torch.rand(t, 4))
     assert out.shape == (t, 64) and torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("length", [40, 97])
+def test_resident_mxfp4_matches_transformers_on_both_prefill_paths(tiny_checkpoint,
+                                                                   length) -> None:
+    """fp32 logits of the released MXFP4 checkpoint, resident as MXFP4 banks, against
+    transformers' own dequantisation: 40 tokens run the expert kernel, 97 the dense copies."""
+    path = tiny_checkpoint("gpt_oss")
+    ft = load_model(path)
+    k, e = ft.config.num_experts_per_tok, ft.config.num_experts
+    assert (length * k > resident.DENSE_PREFILL_ROWS * e) == (length == 97)
+    ids = prompt_ids(path, length)
+    with torch.no_grad():
+        ref = load_hf(path)(ids[None]).logits[0]
+    assert (ft(ids, ft.new_state(), all_logits=True) - ref).abs().max().item() <= 1e-4
