@@ -112,10 +112,13 @@ def _add_moe_options(p: argparse.ArgumentParser) -> None:
                    help="expert cache size: slots (96), a fraction of all experts (0.25) or bytes "
                         "(2GiB); default 25%% on cpu, free memory less a reserve on cuda")
     g.add_argument("--moe-expert-format", choices=EXPERT_FORMATS, default="dense",
-                   help="host expert banks: dense (default; bf16 or fp32 as stored), or 4-bit mxfp4 / "
-                        "q4g, quantised at load (H and I must be multiples of 32)")
+                   help="host expert banks (and a cpu device's resident experts): dense "
+                        "(default; bf16 or fp32, or as stored for MXFP4 / NVFP4 / FP8 "
+                        "releases), or 4-bit mxfp4 / q4g, quantised at load (H and I must be "
+                        "multiples of 32)")
     g.add_argument("--moe-cpu-activations", choices=CPU_ACTIVATIONS, default="fp32",
-                   help="activations of the CPU expert kernel (the cpu and hybrid backends): fp32 "
+                   help="activations of the CPU expert kernel (the cpu and hybrid backends, and "
+                        "4-bit resident experts on a cpu device): fp32 "
                         "(default, exact), q8 (int8 per block of 32, faster, ~1e-2 relative "
                         "error per MoE layer; needs --moe-expert-format mxfp4 or q4g) or bf16 "
                         "(rounded to bf16, vdpbf16ps on AVX512_BF16 CPUs, ~3e-3 relative error "
