@@ -4,8 +4,9 @@
 # Usage: bash evals/peers/compare_llamacpp.sh [options]
 #
 # Options (default in brackets):
-#   --arch FAMILY         qwen3_moe or qwen3_next: FreeToken's seeded `small` preset of that family,
-#                         converted to llama.cpp's qwen3moe / qwen3next [qwen3_moe]
+#   --arch FAMILY         qwen3_moe, qwen3_next, qwen3_5_moe, glm4_moe or gpt_oss: FreeToken's
+#                         seeded `small` preset of that family, converted to llama.cpp's qwen3moe /
+#                         qwen3next / qwen35moe / glm4moe / gpt-oss [qwen3_moe]
 #   --limit-turns N       model calls replayed per workload, positive integer [8]
 #   --workloads "W1 W2"   workloads to replay, any of W1 W2 W3 W4 ["W1 W2"]
 #   --traces DIR          traces folder passed to evals/run.py [$FREETOKEN_SHARED/traces, else
@@ -15,7 +16,9 @@
 #                         text say nothing about agent workloads [off]
 #   --out DIR             output folder [replay-out/peers-llamacpp-<date>-<time>]
 #   --w1-max-tokens N     output tokens of each W1 call, positive integer [256]
-#   --outtype f32|bf16    GGUF weights and compute dtype of both engines [f32]
+#   --outtype f32|bf16|mxfp4
+#                         GGUF weights and compute dtype of both engines [f32]; mxfp4 (gpt_oss
+#                         only): the released MXFP4 experts kept on both sides, the rest bf16
 #   --n-ctx TOKENS        context length of both engines, positive integer [32768]
 #   --threads N           CPU threads of llama.cpp, positive integer [nproc]
 #   --parity-tokens N     greedy tokens per prompt of the conversion proof, positive integer [48]
@@ -94,8 +97,8 @@ while [[ $# -gt 0 ]]; do
     esac
 done
 case "$ARCH" in
-    qwen3_moe|qwen3_next) ;;
-    *) die_usage "--arch must be qwen3_moe or qwen3_next (got '$ARCH')" ;;
+    qwen3_moe|qwen3_next|qwen3_5_moe|glm4_moe|gpt_oss) ;;
+    *) die_usage "--arch must be qwen3_moe, qwen3_next, qwen3_5_moe, glm4_moe or gpt_oss (got '$ARCH')" ;;
 esac
 positive_int --limit-turns "$LIMIT_TURNS"
 positive_int --w1-max-tokens "$W1_MAX_TOKENS"
@@ -108,7 +111,11 @@ positive_int LL_PORT "$LL_PORT"
 case "$OUTTYPE" in
     f32) FT_DTYPE=float32 ;;
     bf16) FT_DTYPE=bfloat16 ;;
-    *) echo "error: --outtype must be f32 or bf16 (the dtypes both engines compute in)" >&2; exit 2 ;;
+    mxfp4)
+        [[ "$ARCH" == gpt_oss ]] || die_usage "--outtype mxfp4 applies to --arch gpt_oss only"
+        FT_DTYPE=bfloat16 ;;
+    *) echo "error: --outtype must be f32, bf16 or mxfp4 (the dtypes both engines compute in)" >&2
+       exit 2 ;;
 esac
 case "$LLAMA_KV" in
     f32) KV_TYPE=0 ;;  # GGML_TYPE_F32: FreeToken keeps K/V in its compute dtype (float32)

@@ -29,6 +29,11 @@ from evals.replay.comparison import not_comparable, ratios, traces_source  # noq
 from evals.replay.report import fmt, load_run  # noqa: E402
 
 
+
+def _compute_dtype(outtype: str) -> str:
+    """What both engines compute in for a GGUF ``outtype`` (mxfp4: bf16 with MXFP4 experts)."""
+    return {"f32": "float32", "mxfp4": "bf16 (MXFP4 experts)"}.get(outtype, outtype)
+
 def workload_row(w: str, ft: dict, ll: dict) -> dict:
     """The headline numbers of one workload (both summaries from ``load_run``); the ratios are
     None when the runs are not comparable (``not_comparable`` lists why)."""
@@ -103,7 +108,7 @@ def build(args: argparse.Namespace) -> tuple[str, dict]:
         "",
         f"- model: FreeToken `small` {getattr(args, 'arch', 'qwen3_moe')} (`{args.model_dir}`), "
         f"GGUF `{args.gguf}` "
-        f"({args.outtype}; both engines compute in {'float32' if args.outtype == 'f32' else args.outtype})",
+        f"({args.outtype}; both engines compute in {_compute_dtype(args.outtype)})",
         f"- machine: {platform.machine()}, {_cpu_count()} CPUs, python {platform.python_version()}; "
         f"threads {args.threads} on both; context {args.n_ctx} tokens",
         f"- llama-cpp-python 0.3.36 venv `{args.peer_python}` ({build_s})",
@@ -180,7 +185,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="compare_llamacpp.sh report")
     p.add_argument("--out", required=True)
     p.add_argument("--workloads", default="W1 W2")
-    p.add_argument("--arch", default="qwen3_moe", choices=("qwen3_moe", "qwen3_next"))
+    p.add_argument("--arch", default="qwen3_moe",
+                   choices=("qwen3_moe", "qwen3_next", "qwen3_5_moe", "glm4_moe", "gpt_oss"))
     for flag in ("--gguf", "--model-dir", "--outtype", "--n-ctx", "--threads", "--limit-turns",
                  "--w1-max-tokens", "--build-stamp", "--peer-python", "--llama-kv", "--traces"):
         p.add_argument(flag, default="")

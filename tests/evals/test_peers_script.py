@@ -56,7 +56,9 @@ def test_help_prints_the_whole_usage(tmp_path: Path) -> None:
     (["--workloads", "W1 W9"], "error: unknown workload W9 (expected W1 W2 W3 W4)"),
     (["--frobnicate"], "error: unknown option --frobnicate"),
     (["--traces", "synthetic"], "error: --traces synthetic needs --allow-synthetic"),
-    (["--arch", "qwen3"], "error: --arch must be qwen3_moe or qwen3_next (got 'qwen3')"),
+    (["--arch", "qwen3"], "error: --arch must be qwen3_moe, qwen3_next, qwen3_5_moe, glm4_moe or "
+                          "gpt_oss (got 'qwen3')"),
+    (["--outtype", "mxfp4"], "error: --outtype mxfp4 applies to --arch gpt_oss only"),
     (["--arch"], "error: option --arch needs a value"),
 ])
 def test_bad_options_are_usage_errors_before_anything_starts(tmp_path: Path, args: list[str],
