@@ -1,8 +1,9 @@
 """Request bodies of the OpenAI API (``/v1/chat/completions``, ``/v1/completions``).
 
 Field names and meanings follow the OpenAI API reference (Chat Completions / Completions). Unknown
-fields are accepted and ignored; fields FreeToken cannot honour (``n`` > 1, ``echo``,
-``response_format`` other than text, image parts) are rejected with a 400 by the routes.
+fields are accepted and ignored; fields FreeToken cannot honour (``n`` > 1, ``echo``, image
+parts) are rejected with a 400 by the routes. ``response_format`` is validated and served by
+:mod:`freetoken.server.structured`.
 Extensions shared with vLLM: ``top_k``, ``ignore_eos``, ``chat_template_kwargs``.
 """
 

@@ -82,6 +82,15 @@ class ToolPolicy:
         """
         if not self.require_call or not self.tools:
             return None
+        return self.call_grammar(template, in_reasoning)
+
+    def call_grammar(self, template: object, in_reasoning: bool) -> ToolCallGrammar:
+        """The grammar of this policy's calls, forced or not (a structured-output answer under
+        ``auto`` takes it as its alternative, see :mod:`freetoken.server.structured`).
+
+        Raises:
+            APIError: 400 (param ``tools``) when a tool schema cannot be compiled into a grammar.
+        """
         try:
             spec = tool_call_grammar(self.tools, call_form(template), only=self.named,
                                      reasoning=in_reasoning, parallel=self.parallel)
