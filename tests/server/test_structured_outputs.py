@@ -22,6 +22,7 @@ from freetoken.engine.async_engine import AsyncEngine
 from freetoken.models.tiny import default_model_path
 from freetoken.server import ServerConfig, create_app
 from tests.engine.answer_schemas import SCHEMAS, check_answer
+from tests.engine.constrained_schemas import TOOLS, check_call
 from tests.server.srv_live import LiveServer
 
 USER = [{"role": "user", "content": "Describe a user account."}]
@@ -136,6 +137,23 @@ def test_chat_cut_by_max_tokens_returns_partial_json(tiny, stream):
     assert content.startswith('{"id": ')
     with pytest.raises(json.JSONDecodeError):
         json.loads(content)
+
+
+def test_chat_tools_auto_calls_or_answers(tiny):
+    kinds = set()
+    for seed in range(4):
+        choice = tiny.oai.chat.completions.create(
+            model="tiny", messages=USER, tools=TOOLS, parallel_tool_calls=False, seed=seed,
+            temperature=1.0, response_format=chat_format("person"),
+            extra_body=NO_THINKING).choices[0]
+        kinds.add(choice.finish_reason)
+        if choice.finish_reason == "tool_calls":
+            (call,) = choice.message.tool_calls
+            check_call(call.function.name, call.function.arguments)
+        else:
+            assert choice.finish_reason == "stop" and choice.message.tool_calls is None
+            check_answer(choice.message.content, SCHEMAS["person"])
+    assert kinds == {"tool_calls", "stop"}
 
 
 # ---------------------------------------------------------------- Responses
