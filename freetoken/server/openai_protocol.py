@@ -4,7 +4,8 @@ Field names and meanings follow the OpenAI API reference (Chat Completions / Com
 fields are accepted and ignored; fields FreeToken cannot honour (``n`` > 1, ``echo``, image
 parts) are rejected with a 400 by the routes. ``response_format`` is validated and served by
 :mod:`freetoken.server.structured`.
-Extensions shared with vLLM: ``top_k``, ``ignore_eos``, ``chat_template_kwargs``.
+Extensions shared with vLLM: ``top_k``, ``ignore_eos``, ``chat_template_kwargs``,
+``response_format`` on completions.
 """
 
 from __future__ import annotations
@@ -120,3 +121,4 @@ class CompletionRequest(_SamplingFields):
     logprobs: int | None = Field(default=None, ge=0, le=20)
     echo: bool = False
     suffix: str | None = None
+    response_format: dict[str, Any] | None = None

@@ -156,6 +156,22 @@ def test_chat_tools_auto_calls_or_answers(tiny):
     assert kinds == {"tool_calls", "stop"}
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_completions_response_format_is_bare_json(tiny, stream):
+    kwargs = {"model": "tiny", "prompt": "A user account as JSON:", "max_tokens": 128,
+              "temperature": 1.0, "seed": 9,
+              "extra_body": {"response_format": chat_format("nested")}}
+    if stream:
+        chunks = list(tiny.oai.completions.create(stream=True, **kwargs))
+        text = "".join(c.choices[0].text for c in chunks if c.choices)
+        finish = [c.choices[0].finish_reason for c in chunks if c.choices][-1]
+    else:
+        choice = tiny.oai.completions.create(**kwargs).choices[0]
+        text, finish = choice.text, choice.finish_reason
+    assert finish == "stop"
+    check_answer(text, SCHEMAS["nested"])
+
+
 # ---------------------------------------------------------------- Responses
 def responses_format(name: str) -> dict:
     return {"type": "json_schema", "name": name, "schema": SCHEMAS[name], "strict": True}

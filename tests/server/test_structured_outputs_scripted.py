@@ -88,8 +88,11 @@ def person(**kwargs):
     (messages(output_config={"format": {"type": "json_schema", "schema": PERSON}},
               output_format={"type": "json_schema", "schema": NESTED}), person()),
     (messages(output_config={"effort": "low"}), None),
+    (("/v1/completions", {"prompt": "x", "response_format": CHAT_PERSON}), person()),
+    (("/v1/completions", {"prompt": "x", "response_format": {"type": "text"}}), None),
 ], ids=["chat-schema", "chat-object", "chat-text", "chat-no-schema", "resp-schema",
-        "resp-object", "resp-text", "ant-config", "ant-older", "ant-config-wins", "ant-none"])
+        "resp-object", "resp-text", "ant-config", "ant-older", "ant-config-wins", "ant-none",
+        "cmpl-schema", "cmpl-text"])
 def test_the_engine_gets_the_format_grammar(live, request_, expected):
     assert live.grammar(*request_) == expected
 
@@ -191,6 +194,10 @@ BAD = [
     (responses(text={"format": {"type": "grammar"}}),
      oai("text.format.type: Input should be 'text', 'json_object' or 'json_schema'",
          "text.format.type")),
+    (("/v1/completions", {"prompt": "x", "response_format": {"type": "json_schema",
+                                                             "json_schema": {"schema": True}}}),
+     oai("response_format.json_schema.schema: Input should be a valid dictionary",
+         "response_format.json_schema.schema")),
     (messages(output_config={"format": {"type": "json_schema"}}),
      ant("output_config.format.schema: Field required")),
     (messages(output_config={"format": {"type": "text", "schema": {}}}),
