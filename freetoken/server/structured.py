@@ -11,10 +11,12 @@ Accepted shapes (anything else is a 400 naming the field):
 * Messages ``output_config.format`` or, when that is absent, the older top-level
   ``output_format``: ``{"type": "json_schema", "schema"}``.
 
-A missing ``schema`` means any JSON object. ``strict`` is accepted either way: the answer always
-follows the schema, with undeclared keys refused where ``properties`` are listed (see
-:mod:`freetoken.constrain.answer`). The schema must be a JSON object that llguidance can compile;
-keywords it does not implement are ignored.
+A chat / Responses ``json_schema`` without ``schema`` means any JSON object (as ``json_object``;
+Messages requires ``schema``), while ``"schema": {}`` allows any JSON value. ``strict`` is
+accepted either way: the answer always follows the schema, with undeclared keys refused where
+``properties`` are listed (see :mod:`freetoken.constrain.answer`). The schema must be a JSON
+object that llguidance can compile; keywords it does not implement are ignored. ``name`` and
+``description`` are not checked (the Responses API echoes the format as sent).
 
 With tools: a forced call (``required`` / named / ``any`` / ``tool``) wins, its grammar is the
 constraint and the format is only validated; with ``auto`` the model may either call tools (the

@@ -139,3 +139,16 @@ def test_bad_descriptions_and_schemas_are_refused():
             check_answer_grammar(json_answer_grammar(schema, "json"))
         assert str(info.value) == f"the schema cannot be compiled into a grammar: {error}"
     check_answer_grammar(json_answer_grammar({"type": "object", "format": "x", "foo": 1}, "json"))
+
+
+@pytest.mark.parametrize(("schema", "text"), [
+    ({}, '[1, "a"]'),
+    ({}, '"x"'),
+    ({"type": "string", "maxLength": 5}, '"abc"'),
+    ({"type": "array", "items": {"type": "integer"}}, "[1, 2]"),
+], ids=["empty-array", "empty-string", "string", "array"])
+def test_roots_other_than_objects_are_served(compiler, schema, text):
+    matcher = compiler.matcher(json_answer_grammar(schema, "json"))
+    for token in tokenizer().encode(text):
+        matcher.advance(token)
+    assert IM_END in matcher.allowed(tokenizer().vocab_size).nonzero().flatten().tolist()
