@@ -32,7 +32,8 @@ class SamplingParams:
         length_capped: True when the server's output cap lowered the request's own limit, so
             a ``length`` finish reflects the cap (reported honestly as ``length``).
         grammar: a ``freetoken.constrain.ToolCallGrammar`` (forced tool call: ``tool_choice``
-            required / named / any / tool) that every sampled token must follow, or None.
+            required / named / any / tool) or ``JsonAnswerGrammar`` (structured output) that
+            every sampled token must follow, or None.
     """
 
     max_tokens: int = 256

@@ -76,8 +76,14 @@ def _lit(text: str) -> str:
     return json.dumps(text)
 
 
-def _no_tags(_text: str) -> str | None:
+def no_tags(_text: str) -> str | None:
+    """A :data:`TagRef` that writes every tag as text (validation without a tokenizer)."""
     return None
+
+
+def tag_writer(tag_ref: TagRef) -> Callable[[str], str]:
+    """``tag text -> Lark expression``: its special-token reference, else a string literal."""
+    return lambda text: tag_ref(text) or _lit(text)
 
 
 def close_objects(schema: object) -> object:
@@ -101,7 +107,7 @@ def close_objects(schema: object) -> object:
     return out
 
 
-def _json_rule(schema: dict, options: dict = JSON_OPTIONS) -> str:
+def json_rule(schema: dict, options: dict = JSON_OPTIONS) -> str:
     body = dict(schema)
     body["x-guidance"] = options
     return "%json " + json.dumps(body)
@@ -189,7 +195,7 @@ def _xml_value(rule: str, schema: dict, root: dict, out: list[str],
         sub = close_objects(schema)
         defs = {k: root[k] for k in _DEF_KEYS if k in root and k not in sub}
         out.append(f"{rule}: {rule}_json {close}")
-        out.append(f"{rule}_json: {_json_rule({**sub, **defs})}")
+        out.append(f"{rule}_json: {json_rule({**sub, **defs})}")
         return
     choices = text.get("enum") if isinstance(text.get("enum"), list) else None
     if isinstance(text.get("const"), str):
@@ -248,19 +254,19 @@ def _not_containing(text: str) -> str:
     return rf"~/(.|\n)*{escaped}(.|\n)*/"
 
 
-def _harmony_grammar(spec: ToolCallGrammar, tag: Callable[[str], str], tag_ref: TagRef) -> str:
-    """The harmony form's grammar (module docstring): [analysis message] then one call message."""
-    rules = ["start: analysis? call" if spec.reasoning else "start: call"]
-    if spec.reasoning:
-        head = f"{tag(H_CHANNEL)} {_lit('analysis')} {tag(H_MESSAGE)}"
-        tail = f"{tag(H_START)} {_lit('assistant')}"
-        if tag_ref(H_END) is None:  # a text tag: the analysis ends at its first occurrence
-            rules += [f"analysis: {head} analysis_text {tail}",
-                      rf"analysis_text[lazy]: /(.|\n)*/ {_lit(H_END)}"]
-        else:
-            rules += [f"analysis: {head} ANALYSIS_TEXT {tag(H_END)} {tail}",
-                      r"ANALYSIS_TEXT: /(.|\n)*/"]
-    rules.append("call: " + " | ".join(f"call_{i}" for i in range(len(spec.tools))))
+def harmony_analysis_rules(tag: Callable[[str], str], tag_ref: TagRef) -> list[str]:
+    """Rules of ``analysis``: one harmony analysis message, then ``<|start|>assistant``."""
+    head = f"{tag(H_CHANNEL)} {_lit('analysis')} {tag(H_MESSAGE)}"
+    tail = f"{tag(H_START)} {_lit('assistant')}"
+    if tag_ref(H_END) is None:  # a text tag: the analysis ends at its first occurrence
+        return [f"analysis: {head} analysis_text {tail}",
+                rf"analysis_text[lazy]: /(.|\n)*/ {_lit(H_END)}"]
+    return [f"analysis: {head} ANALYSIS_TEXT {tag(H_END)} {tail}", r"ANALYSIS_TEXT: /(.|\n)*/"]
+
+
+def harmony_call_rules(spec: ToolCallGrammar, tag: Callable[[str], str]) -> list[str]:
+    """Rules of ``call``: one harmony call message of one of ``spec.tools``."""
+    rules = ["call: " + " | ".join(f"call_{i}" for i in range(len(spec.tools)))]
     for i, tool in enumerate(spec.tools):
         if not tool.name or any(c.isspace() or c == "<" for c in tool.name):
             raise GrammarError(f"tool name {tool.name!r} cannot be written as a harmony recipient")
@@ -268,11 +274,51 @@ def _harmony_grammar(spec: ToolCallGrammar, tag: Callable[[str], str], tag_ref: 
         head = _lit(f"commentary to=functions.{tool.name} ")
         rules.append(f"call_{i}: {tag(H_CHANNEL)} {head} {tag(H_CONSTRAIN)} {_lit('json')} "
                      f"{tag(H_MESSAGE)} args_{i}")
-        rules.append(f"args_{i}: {_json_rule(schema, COMPACT_JSON_OPTIONS)}")
+        rules.append(f"args_{i}: {json_rule(schema, COMPACT_JSON_OPTIONS)}")
+    return rules
+
+
+def _harmony_grammar(spec: ToolCallGrammar, tag: Callable[[str], str], tag_ref: TagRef) -> str:
+    """The harmony form's grammar (module docstring): [analysis message] then one call message."""
+    rules = ["start: analysis? call" if spec.reasoning else "start: call"]
+    if spec.reasoning:
+        rules += harmony_analysis_rules(tag, tag_ref)
+    rules += harmony_call_rules(spec, tag)
     return "\n".join(rules) + "\n"
 
 
-def grammar_text(spec: ToolCallGrammar, tag_ref: TagRef = _no_tags) -> str:
+def think_rules(tag_ref: TagRef) -> list[str]:
+    """Rules of ``think`` (the rest of an open think block, ``</think>``, up to two newlines)
+    and ``nl``."""
+    ref = tag_ref(THINK_CLOSE)
+    if ref is None:  # a text tag: end the reasoning at its first occurrence
+        rules = ["think: think_text nl?", rf"think_text[lazy]: /(.|\n)*/ {_lit(THINK_CLOSE)}"]
+    else:
+        rules = [f"think: THINK_TEXT {ref} nl?", r"THINK_TEXT: /(.|\n)*/"]
+    return rules + [r'nl: "\n" | "\n\n"']
+
+
+def call_rules(spec: ToolCallGrammar, tag: Callable[[str], str], tag_ref: TagRef) -> list[str]:
+    """Rules of ``calls`` (one call, or with ``spec.parallel`` more after up to two newlines
+    each) in the json, xml or glm form; they use ``nl`` (see :func:`think_rules`)."""
+    rules = ["calls: call (nl? call)*" if spec.parallel else "calls: call"]
+    rules.append("call: " + " | ".join(f"call_{i}" for i in range(len(spec.tools))))
+    for i, tool in enumerate(spec.tools):
+        schema = arguments_schema(tool.name, tool.parameters)
+        if spec.form == "json":
+            name = json.dumps(tool.name, ensure_ascii=False)
+            head = _lit("\n{" + f'"name": {name}, "arguments": ')
+            body = f"{head} args_{i} {_ARGS_CLOSE}"
+            rules.append(f"args_{i}: {json_rule(schema)}")
+        elif spec.form == "glm":
+            body = _glm_call(i, tool.name, schema, rules, tag, tag_ref)
+        else:
+            body = _xml_call(i, tool.name, schema, rules)
+        rules.append(f"call_{i}: {tag(TOOL_OPEN)} {body} {tag(TOOL_CLOSE)}")
+    return rules
+
+
+def grammar_text(spec: ToolCallGrammar, tag_ref: TagRef = no_tags) -> str:
     """The Lark grammar of ``spec`` (rules in the module docstring).
 
     Args:
@@ -284,34 +330,12 @@ def grammar_text(spec: ToolCallGrammar, tag_ref: TagRef = _no_tags) -> str:
         GrammarError: a tool schema is not an object schema, or (xml form) a tool or parameter
             name contains ``<``, ``>`` or a line break, or is blank.
     """
-    def tag(text: str) -> str:
-        return tag_ref(text) or _lit(text)
-
+    tag = tag_writer(tag_ref)
     if spec.form == "harmony":
         return _harmony_grammar(spec, tag, tag_ref)
-    rules: list[str] = []
-    start = ["calls"]
     if spec.reasoning:
-        start.insert(0, "think")
-        ref = tag_ref(THINK_CLOSE)
-        if ref is None:  # a text tag: end the reasoning at its first occurrence
-            rules += ["think: think_text nl?", rf"think_text[lazy]: /(.|\n)*/ {_lit(THINK_CLOSE)}"]
-        else:
-            rules += [f"think: THINK_TEXT {ref} nl?", r"THINK_TEXT: /(.|\n)*/"]
-    rules.insert(0, "start: " + " ".join(start))
-    rules.append(r'nl: "\n" | "\n\n"')
-    rules.append("calls: call (nl? call)*" if spec.parallel else "calls: call")
-    rules.append("call: " + " | ".join(f"call_{i}" for i in range(len(spec.tools))))
-    for i, tool in enumerate(spec.tools):
-        schema = arguments_schema(tool.name, tool.parameters)
-        if spec.form == "json":
-            name = json.dumps(tool.name, ensure_ascii=False)
-            head = _lit("\n{" + f'"name": {name}, "arguments": ')
-            body = f"{head} args_{i} {_ARGS_CLOSE}"
-            rules.append(f"args_{i}: {_json_rule(schema)}")
-        elif spec.form == "glm":
-            body = _glm_call(i, tool.name, schema, rules, tag, tag_ref)
-        else:
-            body = _xml_call(i, tool.name, schema, rules)
-        rules.append(f"call_{i}: {tag(TOOL_OPEN)} {body} {tag(TOOL_CLOSE)}")
+        rules = ["start: think calls", *think_rules(tag_ref)]
+    else:
+        rules = ["start: calls", r'nl: "\n" | "\n\n"']
+    rules += call_rules(spec, tag, tag_ref)
     return "\n".join(rules) + "\n"

@@ -1,6 +1,8 @@
 """Grammar-constrained sampling with llguidance: compile once per description, mask every step.
 
-Per request the engine holds one :class:`ToolCallMatcher` (an ``llguidance.LLMatcher`` over the
+A description is a :class:`ToolCallGrammar` (forced tool call) or a :class:`JsonAnswerGrammar`
+(structured output). Per request the engine holds one :class:`ToolCallMatcher` (an
+``llguidance.LLMatcher`` over the
 model's tokenizer). Before each sampling of that request it asks the matcher which token ids may
 come next (a bitmask, one bit per id), sets every other logit to ``-inf`` and samples as usual
 (greedy, temperature, top-k, top-p; the same masking-before-warpers order as vLLM's structured
@@ -9,7 +11,7 @@ when the grammar accepts, and once it cannot be extended they are the only ids a
 request ends by its own EOS (finish reason ``stop``).
 
 :class:`GrammarCompiler` builds the llguidance tokenizer lazily (on the first constrained
-request) and keeps compiled matchers by :class:`ToolCallGrammar` (an LRU); each request gets a
+request) and keeps compiled matchers by description (an LRU); each request gets a
 ``deep_copy`` of the cached one. llguidance is imported lazily too, so unconstrained serving
 never loads it.
 """
@@ -22,8 +24,9 @@ from dataclasses import replace
 
 import torch
 
+from freetoken.constrain.answer import answer_grammar_text
 from freetoken.constrain.lark import grammar_text
-from freetoken.constrain.spec import GrammarError, ToolCallGrammar
+from freetoken.constrain.spec import GrammarError, JsonAnswerGrammar, ToolCallGrammar
 from freetoken.core import SamplingParams
 from freetoken.engine.sampler import SampledToken, sample
 from freetoken.tokenizer.tokenizer import Tokenizer
@@ -60,11 +63,11 @@ def _clean(error: str) -> str:
     return _POSITION.sub("", "\n".join(lines).strip())
 
 
-def _validation_error(spec: ToolCallGrammar) -> str:
+def _validation_error(lark: str) -> str:
     import llguidance
 
     return _clean(llguidance.LLMatcher.validate_grammar(
-        llguidance.LLMatcher.grammar_from_lark(grammar_text(spec))))
+        llguidance.LLMatcher.grammar_from_lark(lark)))
 
 
 def check_grammar(spec: ToolCallGrammar) -> None:
@@ -75,15 +78,28 @@ def check_grammar(spec: ToolCallGrammar) -> None:
             (``the tool schemas cannot be compiled into a grammar: tool 'NAME': <llguidance's
             message>``).
     """
-    if not _validation_error(spec):
+    if not _validation_error(grammar_text(spec)):
         return
     for tool in spec.tools:  # name the first tool whose schema fails on its own
-        error = _validation_error(replace(spec, tools=(tool,)))
+        error = _validation_error(grammar_text(replace(spec, tools=(tool,))))
         if error:
             raise GrammarError(
                 f"the tool schemas cannot be compiled into a grammar: tool {tool.name!r}: {error}")
     raise GrammarError(f"the tool schemas cannot be compiled into a grammar: "
-                       f"{_validation_error(spec)}")
+                       f"{_validation_error(grammar_text(spec))}")
+
+
+def check_answer_grammar(spec: JsonAnswerGrammar) -> None:
+    """Compile ``spec``'s answer grammar without a tokenizer to reject a bad schema early (the
+    alternative calls are :func:`check_grammar`'s to check).
+
+    Raises:
+        GrammarError: llguidance rejects the schema (``the schema cannot be compiled into a
+            grammar: <llguidance's message>``).
+    """
+    error = _validation_error(answer_grammar_text(replace(spec, calls=None)))
+    if error:
+        raise GrammarError(f"the schema cannot be compiled into a grammar: {error}")
 
 
 class ToolCallMatcher:
@@ -92,11 +108,13 @@ class ToolCallMatcher:
     Args:
         matcher: a fresh ``llguidance.LLMatcher`` (owned from now on).
         vocab_size: token ids the matcher knows (the tokenizer's size, added tokens included).
+        label: what the grammar describes, for error messages (``tool-call``, ``JSON-answer``).
     """
 
-    def __init__(self, matcher, vocab_size: int) -> None:
+    def __init__(self, matcher, vocab_size: int, label: str = "tool-call") -> None:
         self._m = matcher
         self.vocab_size = vocab_size
+        self.label = label
         self._words = torch.zeros((vocab_size + 31) // 32, dtype=torch.int32)  # [W]
 
     @property
@@ -117,7 +135,7 @@ class ToolCallMatcher:
         self._m.unsafe_compute_mask_ptr(words.data_ptr(), words.numel() * 4)
         if self._m.is_error() or not bool(words.any()):
             why = self._m.get_error() or "no token allowed"
-            raise GrammarError(f"tool-call grammar failed: {why}")
+            raise GrammarError(f"{self.label} grammar failed: {why}")
         return unpack_bitmask(words, n).to(device, non_blocking=True)
 
     def advance(self, token_id: int) -> None:
@@ -128,7 +146,7 @@ class ToolCallMatcher:
         """
         if not self._m.consume_token(token_id):
             raise GrammarError(
-                f"tool-call grammar rejected token {token_id}: {self._m.get_error()}")
+                f"{self.label} grammar rejected token {token_id}: {self._m.get_error()}")
 
     def sample(self, logits: torch.Tensor, params: SamplingParams,
                generator: torch.Generator | None) -> SampledToken:
@@ -145,7 +163,8 @@ class ToolCallMatcher:
 
 
 class GrammarCompiler:
-    """Compiles :class:`ToolCallGrammar` descriptions for one tokenizer, with an LRU cache.
+    """Compiles :class:`ToolCallGrammar` / :class:`JsonAnswerGrammar` descriptions for one
+    tokenizer, with an LRU cache.
 
     Args:
         tokenizer: the model's tokenizer (its ``tokenizer.json`` text is handed to llguidance).
@@ -159,7 +178,7 @@ class GrammarCompiler:
         self.eos_token_ids = tuple(eos_token_ids)
         self.cache_size = cache_size
         self._lltok = None
-        self._cache: OrderedDict[ToolCallGrammar, object] = OrderedDict()
+        self._cache: OrderedDict[ToolCallGrammar | JsonAnswerGrammar, object] = OrderedDict()
 
     def _llg_tokenizer(self):
         if self._lltok is None:
@@ -177,25 +196,28 @@ class GrammarCompiler:
             return None
         return f"<[{token}]>"
 
-    def grammar(self, spec: ToolCallGrammar) -> str:
+    def grammar(self, spec: ToolCallGrammar | JsonAnswerGrammar) -> str:
         """The Lark text of ``spec`` for this tokenizer (tags as special tokens where they are).
 
         Raises:
-            GrammarError: see ``grammar_text``.
+            GrammarError: see ``grammar_text`` / ``answer_grammar_text``.
         """
+        if isinstance(spec, JsonAnswerGrammar):
+            return answer_grammar_text(spec, self._tag_ref)
         return grammar_text(spec, self._tag_ref)
 
-    def matcher(self, spec: ToolCallGrammar) -> ToolCallMatcher:
+    def matcher(self, spec: ToolCallGrammar | JsonAnswerGrammar) -> ToolCallMatcher:
         """A fresh matcher at the start of ``spec``'s grammar.
 
         Raises:
             GrammarError: no EOS ids, a bad description, or llguidance rejects the grammar.
         """
-        if not isinstance(spec, ToolCallGrammar):
-            raise GrammarError("SamplingParams.grammar must be a ToolCallGrammar, got "
-                               f"{type(spec).__name__}")
+        if not isinstance(spec, (ToolCallGrammar, JsonAnswerGrammar)):
+            raise GrammarError("SamplingParams.grammar must be a ToolCallGrammar or a "
+                               f"JsonAnswerGrammar, got {type(spec).__name__}")
         if not self.eos_token_ids:
-            raise GrammarError("a tool-call grammar needs the model's end-of-sequence token ids")
+            raise GrammarError("a constrained grammar needs the model's end-of-sequence token ids")
+        answer = isinstance(spec, JsonAnswerGrammar)
         compiled = self._cache.get(spec)
         if compiled is None:
             import llguidance
@@ -205,11 +227,13 @@ class GrammarCompiler:
                 log_level=0,
             )
             if compiled.is_error():
-                raise GrammarError(f"the tool schemas cannot be compiled into a grammar: "
+                what = "the schema" if answer else "the tool schemas"
+                raise GrammarError(f"{what} cannot be compiled into a grammar: "
                                    f"{_clean(compiled.get_error())}")
             self._cache[spec] = compiled
             while len(self._cache) > self.cache_size:
                 self._cache.popitem(last=False)
         else:
             self._cache.move_to_end(spec)
-        return ToolCallMatcher(compiled.deep_copy(), self.tokenizer.vocab_size)
+        return ToolCallMatcher(compiled.deep_copy(), self.tokenizer.vocab_size,
+                               "JSON-answer" if answer else "tool-call")

@@ -1,9 +1,12 @@
-"""The request-side description of a forced tool call: which tools, which call form, how many.
+"""The request-side descriptions of constrained output: a forced tool call (which tools, which
+call form, how many) or a JSON answer of a schema (structured outputs).
 
 A :class:`ToolCallGrammar` is what the HTTP layer puts on ``SamplingParams.grammar`` when
 ``tool_choice`` forces a call (OpenAI ``required`` or a named function, Anthropic ``any`` or
-``tool``). It is plain, frozen and hashable data (tool schemas are kept as JSON text), so the
-engine can cache the compiled grammar by it; nothing here imports the grammar library.
+``tool``); a :class:`JsonAnswerGrammar` when the request asks for a JSON answer (OpenAI
+``response_format``, Responses ``text.format``, Anthropic ``output_config.format``). Both are
+plain, frozen and hashable data (schemas are kept as JSON text), so the engine can cache the
+compiled grammar by them; nothing here imports the grammar library.
 
 Call forms (those the output parsers read, see :mod:`freetoken.parsers.toolcall` and
 :mod:`freetoken.parsers.harmony`):
@@ -30,7 +33,7 @@ CALL_FORMS: tuple[str, ...] = ("json", "xml", "glm", "harmony")
 
 
 class GrammarError(ValueError):
-    """A tool-call grammar cannot be built or compiled (bad tool schema, a name the call form
+    """A grammar cannot be built or compiled (bad tool or answer schema, a name the call form
     cannot write, a schema the grammar library rejects), or a matcher left the grammar."""
 
 
@@ -140,3 +143,62 @@ def tool_call_grammar(
     if form == "harmony":
         parallel = False
     return ToolCallGrammar(form, tuple(specs), reasoning=reasoning, parallel=parallel)
+
+
+@dataclass(frozen=True)
+class JsonAnswerGrammar:
+    """What a structured-output generation must produce: an answer that is one JSON value of a
+    schema (``response_format`` / ``text.format`` / ``output_config.format``).
+
+    The output is, in order: when ``reasoning``, the rest of the think block the prompt opened
+    and ``</think>`` with up to two newlines (harmony: an optional ``analysis`` message); then
+    the answer, one JSON value of ``schema`` (harmony: in a ``final`` message); then an
+    end-of-sequence token, allowed once the value is complete. With ``calls`` the answer may
+    instead be the tool calls that grammar describes (``tool_choice`` auto: the model either
+    calls tools or answers in the schema).
+
+    Attributes:
+        form: the chat template's call form (decides the think / harmony framing).
+        schema: the answer's JSON schema as JSON text (``{"type": "object"}``: any object).
+        reasoning: the prompt opened a think block (``Prompt.in_reasoning``).
+        calls: the tool calls allowed instead of the answer, or None; its ``form`` and
+            ``reasoning`` are those of this grammar.
+
+    Raises:
+        GrammarError: unknown form, a schema that is not the JSON text of an object, or a
+            ``calls`` grammar of another form or reasoning.
+    """
+
+    form: CallForm
+    schema: str
+    reasoning: bool = False
+    calls: ToolCallGrammar | None = None
+
+    def __post_init__(self) -> None:
+        if self.form not in CALL_FORMS:
+            raise GrammarError(
+                f"unknown tool-call form {self.form!r}; expected one of {CALL_FORMS}")
+        try:
+            schema = json.loads(self.schema)
+        except (TypeError, ValueError) as exc:
+            raise GrammarError(f"the schema is not JSON: {exc}") from None
+        if not isinstance(schema, dict):
+            raise GrammarError("the schema must be a JSON object")
+        if self.calls is not None and (self.calls.form, self.calls.reasoning) != (
+                self.form, self.reasoning):
+            raise GrammarError("the calls grammar must have the answer's form and reasoning")
+
+
+ANY_OBJECT = json.dumps({"type": "object"})
+"""The schema of ``json_object`` formats: any JSON object."""
+
+
+def json_answer_grammar(schema: dict | None, form: CallForm, *, reasoning: bool = False,
+                        calls: ToolCallGrammar | None = None) -> JsonAnswerGrammar:
+    """The grammar description of a JSON answer of ``schema`` (None: any object).
+
+    Raises:
+        GrammarError: see :class:`JsonAnswerGrammar`.
+    """
+    text = ANY_OBJECT if schema is None else json.dumps(schema, ensure_ascii=False)
+    return JsonAnswerGrammar(form, text, reasoning=reasoning, calls=calls)

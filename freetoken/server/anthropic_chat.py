@@ -30,6 +30,7 @@ from freetoken.server.sampling import build_sampling, stop_strings
 from freetoken.server.streaming import named_event
 from harness_adapters import HarnessAdapter
 from freetoken.server.sessions import HarnessBinding
+from freetoken.server.structured import anthropic_format, constrain
 from freetoken.server.tools import ToolPolicy, anthropic_tools
 
 log = logging.getLogger("freetoken.server")
@@ -86,10 +87,12 @@ def prepare_messages(
     """Validate, render and tokenize a Messages request and clamp its sampling parameters.
 
     Raises:
-        APIError: 400 for bad input, template errors or ``prompt is too long: N tokens > M
-            maximum``.
+        APIError: 400 for bad input (a bad ``output_config.format`` / ``output_format``: see
+            :mod:`freetoken.server.structured`), template errors or ``prompt is too long: N
+            tokens > M maximum``.
     """
     stop = stop_strings(req.stop_sequences, "stop_sequences")
+    fmt = anthropic_format(req.output_config, req.output_format)
     prompt, policy = render_request(ctx, req, binding.adapter if binding is not None else None)
     ctx.check_context(len(prompt.token_ids), "anthropic", "messages")
     sampling = build_sampling(
@@ -104,7 +107,7 @@ def prepare_messages(
         stop=stop,
         ignore_eos=req.ignore_eos,
     )
-    sampling = policy.constrain(sampling, ctx.template, prompt.in_reasoning)
+    sampling = constrain(sampling, policy, fmt, ctx.template, prompt.in_reasoning)
     return ChatJob(
         message_id(), ctx.model_name(req.model), now(), prompt, sampling, policy, binding
     )

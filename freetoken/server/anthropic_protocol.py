@@ -3,8 +3,9 @@
 Follows docs.anthropic.com "Messages" and "Count message tokens". Content blocks stay plain dicts
 here and are validated one by one in :mod:`freetoken.server.anthropic_messages` (so an error names
 the exact block field). Unknown top-level fields (``metadata``, ``context_management``,
-``cache_control``, ``service_tier``...) are accepted and ignored; of ``output_config`` only a
-string ``effort`` is read (any other shape is ignored too).
+``cache_control``, ``service_tier``...) are accepted and ignored; of ``output_config`` a string
+``effort`` and a ``format`` are read (other keys are ignored); ``format`` and the older top-level
+``output_format`` are validated and served by :mod:`freetoken.server.structured`.
 """
 
 from __future__ import annotations
@@ -74,3 +75,4 @@ class MessagesRequest(CountTokensRequest):
     top_k: int | None = Field(default=None, ge=-1)
     seed: int | None = None
     ignore_eos: bool = False
+    output_format: Any = None

@@ -28,6 +28,7 @@ from freetoken.server.prompt import effort_from_kwargs, thinking_from_kwargs
 from freetoken.server.sampling import build_sampling, stop_strings
 from freetoken.server.streaming import data_event
 from freetoken.server.sessions import HarnessBinding
+from freetoken.server.structured import chat_format, constrain
 from freetoken.server.tools import openai_tools
 
 log = logging.getLogger("freetoken.server")
@@ -58,19 +59,17 @@ def prepare_chat(
     travels with the job (anchor policy, session totals).
 
     Raises:
-        APIError: 400 for unsupported options (``n`` > 1, ``logprobs``, non-text
-            ``response_format``), bad messages or tools, template errors, or a prompt that does
-            not fit the context (``context_length_exceeded``).
+        APIError: 400 for unsupported options (``n`` > 1, ``logprobs``), a bad
+            ``response_format`` (:mod:`freetoken.server.structured`), bad messages or tools,
+            template errors, or a prompt that does not fit the context
+            (``context_length_exceeded``).
     """
     check_unsupported(req.n)
     if req.logprobs:
         raise bad_request(
             "logprobs: logprobs are supported on /v1/completions only", param="logprobs"
         )
-    if req.response_format and req.response_format.get("type", "text") != "text":
-        raise bad_request(
-            "response_format: only {'type': 'text'} is supported", param="response_format.type"
-        )
+    fmt = chat_format(req.response_format)
     policy = openai_tools(req)
     messages = from_openai(req.messages)
     if binding is not None:
@@ -95,7 +94,7 @@ def prepare_chat(
         stop=stop,
         ignore_eos=req.ignore_eos,
     )
-    sampling = policy.constrain(sampling, ctx.template, prompt.in_reasoning)
+    sampling = constrain(sampling, policy, fmt, ctx.template, prompt.in_reasoning)
     return ChatJob(
         chat_completion_id(), ctx.model_name(req.model), now(), prompt, sampling, policy, binding
     )

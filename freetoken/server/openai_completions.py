@@ -1,6 +1,7 @@
 """``/v1/completions`` (legacy text completions): raw prompt in, raw model text out (no chat
 template, no parser). Shapes follow the OpenAI Completions reference, including the legacy
-``logprobs`` object (``tokens``, ``token_logprobs``, ``top_logprobs``, ``text_offset``)."""
+``logprobs`` object (``tokens``, ``token_logprobs``, ``top_logprobs``, ``text_offset``).
+Extension shared with vLLM: ``response_format`` (chat's shapes) constrains the text to JSON."""
 
 from __future__ import annotations
 
@@ -30,8 +31,11 @@ from freetoken.server.prompt import encode_text
 from freetoken.server.sampling import build_sampling, stop_strings
 from freetoken.server.sessions import HarnessBinding
 from freetoken.server.streaming import data_event
+from freetoken.server.structured import chat_format, constrain
+from freetoken.server.tools import ToolPolicy
 
 log = logging.getLogger("freetoken.server")
+NO_TOOLS = ToolPolicy(None, parse_tools=False)
 
 DEFAULT_MAX_TOKENS = 16
 """``max_tokens`` of a completions request that sends none (the OpenAI Completions default, also
@@ -86,8 +90,9 @@ def prepare_completion(
     (``max_tokens`` defaults to :data:`DEFAULT_MAX_TOKENS`).
 
     Raises:
-        APIError: 400 for ``n`` > 1, ``echo``, ``suffix``, a bad prompt, or one that does not fit
-            the context (``context_length_exceeded``).
+        APIError: 400 for ``n`` > 1, ``echo``, ``suffix``, a bad ``response_format`` (as on chat,
+            :mod:`freetoken.server.structured`), a bad prompt, or one that does not fit the
+            context (``context_length_exceeded``).
     """
     check_unsupported(req.n)
     if req.echo:
@@ -109,6 +114,8 @@ def prepare_completion(
         ignore_eos=req.ignore_eos,
         logprobs=req.logprobs,
     )
+    # A raw prompt has no template framing: the answer grammar is the bare JSON value.
+    sampling = constrain(sampling, NO_TOOLS, chat_format(req.response_format), None, False)
     rid = completion_id()
     anchors = binding.anchors if binding is not None else None
     return CompletionJob(

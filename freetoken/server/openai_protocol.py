@@ -1,9 +1,11 @@
 """Request bodies of the OpenAI API (``/v1/chat/completions``, ``/v1/completions``).
 
 Field names and meanings follow the OpenAI API reference (Chat Completions / Completions). Unknown
-fields are accepted and ignored; fields FreeToken cannot honour (``n`` > 1, ``echo``,
-``response_format`` other than text, image parts) are rejected with a 400 by the routes.
-Extensions shared with vLLM: ``top_k``, ``ignore_eos``, ``chat_template_kwargs``.
+fields are accepted and ignored; fields FreeToken cannot honour (``n`` > 1, ``echo``, image
+parts) are rejected with a 400 by the routes. ``response_format`` is validated and served by
+:mod:`freetoken.server.structured`.
+Extensions shared with vLLM: ``top_k``, ``ignore_eos``, ``chat_template_kwargs``,
+``response_format`` on completions.
 """
 
 from __future__ import annotations
@@ -119,3 +121,4 @@ class CompletionRequest(_SamplingFields):
     logprobs: int | None = Field(default=None, ge=0, le=20)
     echo: bool = False
     suffix: str | None = None
+    response_format: dict[str, Any] | None = None

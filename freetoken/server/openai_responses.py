@@ -35,6 +35,7 @@ from freetoken.server.prompt import effort_from_kwargs, thinking_from_kwargs
 from freetoken.server.sampling import build_sampling
 from freetoken.server.sessions import HarnessBinding
 from freetoken.server.streaming import named_event
+from freetoken.server.structured import constrain, responses_format
 from freetoken.server.tools import responses_tools
 
 log = logging.getLogger("freetoken.server")
@@ -71,7 +72,8 @@ def prepare_response(
     stored conversation before ``input`` (its instructions are not inherited).
 
     Raises:
-        APIError: 400 for ``conversation``, a ``text.format`` other than text, an unknown
+        APIError: 400 for ``conversation``, a bad ``text.format``
+            (:mod:`freetoken.server.structured`), an unknown
             ``previous_response_id`` (code ``previous_response_not_found``), a missing or
             (without a previous response) empty ``input``, bad items or tools, template
             errors, or a prompt that does not fit the context (``context_length_exceeded``,
@@ -80,10 +82,7 @@ def prepare_response(
     if req.conversation is not None:
         raise bad_request("conversation: conversations are not supported; use "
                           "previous_response_id", param="conversation")
-    fmt = req.text.format if req.text is not None else None
-    if fmt is not None and fmt.get("type", "text") != "text":
-        raise bad_request("text.format.type: only {'type': 'text'} is supported",
-                          param="text.format.type")
+    fmt = responses_format(req.text.format if req.text is not None else None)
     history: tuple[dict, ...] = ()
     if req.previous_response_id is not None:
         stored = store.get(req.previous_response_id)
@@ -121,7 +120,7 @@ def prepare_response(
         stop=(),
         ignore_eos=False,
     )
-    sampling = policy.constrain(sampling, ctx.template, prompt.in_reasoning)
+    sampling = constrain(sampling, policy, fmt, ctx.template, prompt.in_reasoning)
     chat = ChatJob(response_id(), ctx.model_name(req.model), now(), prompt, sampling, policy,
                    binding)
     return ResponseJob(chat, req, history + tuple(items))
@@ -138,6 +137,12 @@ def responses_usage(ctx: ServerContext, fin: Finish, reasoning: str) -> dict:
         "output_tokens_details": {"reasoning_tokens": thought},
         "total_tokens": fin.prompt_tokens + fin.completion_tokens,
     }
+
+
+def echoed_format(req: ResponsesRequest) -> dict:
+    """``text.format`` as the response echoes it: the request's (validated) format, or text."""
+    fmt = req.text.format if req.text is not None else None
+    return dict(fmt) if fmt else {"type": "text"}
 
 
 def response_object(job: ResponseJob, status: str, output: list[dict],
@@ -168,7 +173,7 @@ def response_object(job: ResponseJob, status: str, output: list[dict],
         },
         "store": req.store,
         "temperature": sampling.temperature,
-        "text": {"format": {"type": "text"}},
+        "text": {"format": echoed_format(req)},
         "tool_choice": "auto" if choice is None else (
             choice if isinstance(choice, str) else choice.model_dump()),
         "tools": [t.model_dump() for t in req.tools or []],

@@ -45,7 +45,8 @@ class ReasoningConfig(_Lenient):
 
 
 class TextConfig(_Lenient):
-    """``text``: only ``format: {"type": "text"}`` is served."""
+    """``text``: ``format`` is ``text``, ``json_object`` or ``json_schema`` (validated and served
+    by :mod:`freetoken.server.structured`); ``verbosity`` is ignored."""
 
     format: dict[str, Any] | None = None
     verbosity: str | None = None

@@ -18,7 +18,9 @@ harmony, see :func:`call_form`) and lets a think block the prompt opened finish 
 follow ``</think>``; until then the model reasons freely; harmony: an analysis message may come
 first). Generation ends by EOS, allowed only after a complete call, so ``tool_calls`` /
 ``tool_use`` is reported exactly when a call was parsed; a call cut off by ``max_tokens`` ends
-with ``length`` / ``max_tokens``.
+with ``length`` / ``max_tokens``. A structured-output format combines with these choices as
+:mod:`freetoken.server.structured` says (a forced call wins; under ``auto`` the calls are the
+alternative to the JSON answer).
 """
 
 from __future__ import annotations
@@ -82,6 +84,15 @@ class ToolPolicy:
         """
         if not self.require_call or not self.tools:
             return None
+        return self.call_grammar(template, in_reasoning)
+
+    def call_grammar(self, template: object, in_reasoning: bool) -> ToolCallGrammar:
+        """The grammar of this policy's calls, forced or not (a structured-output answer under
+        ``auto`` takes it as its alternative, see :mod:`freetoken.server.structured`).
+
+        Raises:
+            APIError: 400 (param ``tools``) when a tool schema cannot be compiled into a grammar.
+        """
         try:
             spec = tool_call_grammar(self.tools, call_form(template), only=self.named,
                                      reasoning=in_reasoning, parallel=self.parallel)

@@ -162,6 +162,6 @@ def test_grammar_needs_eos_ids_and_a_grammar_object() -> None:
     with pytest.raises(ValueError, match="needs the model's end-of-sequence token ids"):
         Engine(model, tok, info).add_request(0, request("r", JSON_ONE), lambda _c: None)
     engine = make_engine("qwen3_next")
-    with pytest.raises(ValueError, match="grammar must be a ToolCallGrammar, got str"):
+    with pytest.raises(ValueError, match="must be a ToolCallGrammar or a JsonAnswerGrammar, got str"):
         engine.add_request(0, request("r", "calls please"), lambda _c: None)
     assert engine.runner.constraints == {} and not engine.has_unfinished()

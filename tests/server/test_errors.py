@@ -141,11 +141,12 @@ CASES = [
         oai("stop.1: stop strings must be non-empty", "stop.1"),
     ),
     (
-        "oai-json-mode",
+        "oai-unknown-response-format",
         CHAT,
-        {"messages": USER, "response_format": {"type": "json_object"}},
+        {"messages": USER, "response_format": {"type": "xml"}},
         400,
-        oai("response_format: only {'type': 'text'} is supported", "response_format.type"),
+        oai("response_format.type: Input should be 'text', 'json_object' or 'json_schema'",
+            "response_format.type"),
     ),
     (
         "oai-template-error",
