@@ -96,7 +96,7 @@ def _add_cache_options(p: argparse.ArgumentParser) -> None:
 
 
 def _add_moe_options(p: argparse.ArgumentParser) -> None:
-    from freetoken.offload.backend import CPU_ACTIVATIONS
+    from freetoken.offload.backend import CPU_ACTIVATION_CHOICES
     from freetoken.offload.banks import EXPERT_FORMATS
     from freetoken.offload.control import MOE_BACKENDS
     from freetoken.offload.scores import POLICIES
@@ -116,10 +116,11 @@ def _add_moe_options(p: argparse.ArgumentParser) -> None:
                         "(default; bf16 or fp32, or as stored for MXFP4 / NVFP4 / FP8 "
                         "releases), or 4-bit mxfp4 / q4g, quantised at load (H and I must be "
                         "multiples of 32)")
-    g.add_argument("--moe-cpu-activations", choices=CPU_ACTIVATIONS, default="fp32",
+    g.add_argument("--moe-cpu-activations", choices=CPU_ACTIVATION_CHOICES, default="auto",
                    help="activations of the CPU expert kernel (the cpu and hybrid backends, and "
-                        "4-bit resident experts on a cpu device): fp32 "
-                        "(default, exact), q8 (int8 per block of 32, faster, ~1e-2 relative "
+                        "4-bit resident experts on a cpu device): auto (default: q8 for 4-bit "
+                        "experts in a bfloat16 model, as llama.cpp does, else fp32), fp32 "
+                        "(exact), q8 (int8 per block of 32, faster, ~1e-2 relative "
                         "error per MoE layer; needs --moe-expert-format mxfp4 or q4g) or bf16 "
                         "(rounded to bf16, vdpbf16ps on AVX512_BF16 CPUs, ~3e-3 relative error "
                         "per MoE layer; needs bf16 dense banks)")

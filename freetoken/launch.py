@@ -162,16 +162,17 @@ def check_moe_flags(args: argparse.Namespace):
                     log_every=args.moe_log_every, expert_format=args.moe_expert_format,
                     cpu_activations=args.moe_cpu_activations,
                     memory_floor=args.moe_memory_floor)
-    if args.moe_backend == "offload" and args.moe_cpu_activations != "fp32":
+    if args.moe_backend == "offload" and args.moe_cpu_activations not in ("auto", "fp32"):
         _say(f"note: --moe-cpu-activations {args.moe_cpu_activations} has no effect: --moe-backend "
              "offload fills every miss into the cache, so the CPU expert kernel never runs")
     if args.moe_backend == "resident" or (args.moe_backend == "auto" and device.type == "cpu"):
-        for flag, value in (("--moe-cache-slots", args.moe_cache_slots),
-                            ("--moe-expert-format", None if args.moe_expert_format == "dense"
-                             else args.moe_expert_format),
-                            ("--moe-cpu-activations", None if args.moe_cpu_activations == "fp32"
-                             else args.moe_cpu_activations),
-                            ("--moe-memory-floor", args.moe_memory_floor)):
+        # on a CPU device resident experts may keep a 4-bit format and its kernel activations
+        flags = [("--moe-cache-slots", args.moe_cache_slots),
+                 ("--moe-memory-floor", args.moe_memory_floor)]
+        if device.type != "cpu":
+            flags.append(("--moe-cpu-activations", None if args.moe_cpu_activations
+                          in ("auto", "fp32") else args.moe_cpu_activations))
+        for flag, value in flags:
             if value is not None:
                 _say(f"note: {flag} has no effect: --moe-backend {args.moe_backend} keeps every "
                      "expert resident" + (" on a CPU device" if args.moe_backend == "auto" else ""))

@@ -30,6 +30,7 @@ from freetoken.offload.split import MODES
 from freetoken.ops.cpu_moe import ACTIVATIONS as CPU_ACTIVATIONS
 
 SPLIT_OF_BACKEND = {"offload": "all-fill", "cpu": "all-cpu", "hybrid": "split"}
+CPU_ACTIVATION_CHOICES = ("auto", *CPU_ACTIVATIONS)
 DEFAULT_CPU_FRACTION = 0.25
 CUDA_RESERVE_FRACTION = 0.15  # of free memory, kept for KV cache and activations
 _INT = re.compile(r"^\s*\d+\s*$")
@@ -52,8 +53,10 @@ class MoeConfig:
         log_every: summary log line every this many steps (0 = never).
         expert_format: host bank format: ``dense`` (the bank dtype), or the 4-bit ``mxfp4`` /
             ``q4g`` (quantised once at load; every backend then computes the dequantised values).
-        cpu_activations: activations of the CPU expert kernel (the misses run on the CPU):
-            ``fp32`` (exact up to fp32 summation order) or ``q8`` (int8 per 32-column block,
+        cpu_activations: activations of the CPU expert kernel (the misses run on the CPU, and
+            4-bit resident experts of a CPU device): ``auto`` (default,
+            :func:`resolve_cpu_activations`: ``q8`` for 4-bit banks in a bf16 model, else
+            ``fp32``), ``fp32`` (exact up to fp32 summation order) or ``q8`` (int8 per 32-column block,
             exact integer block sums; faster, within ``freetoken.ops.cpu_moe.Q8_TOLERANCE`` of
             fp32 per MoE layer), ``q8`` needing ``expert_format`` ``mxfp4`` or ``q4g``; or ``bf16``
             (activations rounded to bf16, ``vdpbf16ps`` on CPUs with AVX512_BF16; within
@@ -81,7 +84,7 @@ class MoeConfig:
     preload: bool = True
     log_every: int = 0
     expert_format: str = "dense"
-    cpu_activations: str = "fp32"
+    cpu_activations: str = "auto"
     memory_floor: str | None = None
 
     def __post_init__(self) -> None:
@@ -100,9 +103,9 @@ class MoeConfig:
         if self.expert_format not in EXPERT_FORMATS:
             raise ValueError(f"unknown --moe-expert-format {self.expert_format!r}; choose one of "
                              f"{', '.join(EXPERT_FORMATS)}")
-        if self.cpu_activations not in CPU_ACTIVATIONS:
+        if self.cpu_activations not in CPU_ACTIVATION_CHOICES:
             raise ValueError(f"unknown --moe-cpu-activations {self.cpu_activations!r}; choose one "
-                             f"of {', '.join(CPU_ACTIVATIONS)}")
+                             f"of {', '.join(CPU_ACTIVATION_CHOICES)}")
         if self.cpu_activations == "q8" and self.expert_format not in ("mxfp4", "q4g"):
             raise ValueError(f"--moe-cpu-activations q8 needs 4-bit host expert banks: use "
                              f"--moe-expert-format mxfp4 or q4g (got {self.expert_format})")
@@ -133,6 +136,18 @@ class MoeConfig:
         except ValueError as exc:
             reason = str(exc).split(": ", 1)[-1]  # drop parse_bytes' own "invalid size '…'" head
             raise ValueError(f"invalid --moe-memory-floor {self.memory_floor!r}: {reason}") from None
+
+
+def resolve_cpu_activations(requested: str, bank_format: str, dtype: torch.dtype) -> str:
+    """The CPU expert kernel's activations for ``--moe-cpu-activations requested``: ``auto`` is
+    ``q8`` for 4-bit banks (``mxfp4``, ``q4g``) in a bf16 model, the int8 activation blocks
+    llama.cpp multiplies the same 4-bit weights with (on the small gpt_oss preset's MoE block,
+    0.28 vs 0.41 ms a token, within ``Q8_TOLERANCE`` of fp32 per layer, about the rounding a bf16
+    model already has), and ``fp32`` otherwise (fp32 models stay exact); other values unchanged.
+    """
+    if requested != "auto":
+        return requested
+    return "q8" if bank_format in ("mxfp4", "q4g") and dtype == torch.bfloat16 else "fp32"
 
 
 def check_resident_device(moe: MoeConfig, device: torch.device) -> None:

@@ -22,6 +22,7 @@ from freetoken.offload.backend import (
     MoeConfig,
     device_free_bytes,
     resolve_backend,
+    resolve_cpu_activations,
     resolve_slots,
 )
 from freetoken.offload.banks import ExpertBanks
@@ -164,12 +165,14 @@ def build_offloaded(model_cls: type[DecoderLM], config: ModelConfig, checkpoint:
                          f"are {stored.upper()} and stay so in the host banks (use {stored} "
                          f"or dense)")
     loaded_as = stored or str(bdtype).removeprefix("torch.")
-    if moe.cpu_activations == "bf16" and (stored or bdtype != torch.bfloat16):
+    activations = resolve_cpu_activations(moe.cpu_activations,
+                                          stored or moe.expert_format, dtype)
+    if activations == "bf16" and (stored or bdtype != torch.bfloat16):
         raise ValueError(f"--moe-cpu-activations bf16 needs bf16 host expert banks, but this "
                          f"checkpoint's experts load as {loaded_as}: "
                          f"use --moe-cpu-activations fp32")
-    if stored in ("nvfp4", "fp8") and moe.cpu_activations != "fp32":
-        raise ValueError(f"--moe-cpu-activations {moe.cpu_activations}: the CPU kernel reads "
+    if stored in ("nvfp4", "fp8") and activations != "fp32":
+        raise ValueError(f"--moe-cpu-activations {activations}: the CPU kernel reads "
                          f"{stored.upper()} experts with fp32 activations only")
     swiglu = (config.swiglu_limit, config.swiglu_alpha) if config.expert_bias else None
     banks = ExpertBanks(num_layers, config.num_experts, config.hidden_size,
@@ -200,7 +203,7 @@ def build_offloaded(model_cls: type[DecoderLM], config: ModelConfig, checkpoint:
     ratio = moe.ratio or (bandwidths[0] / bandwidths[1] if bandwidths else DEFAULT_RATIO)
     split = MissSplit(moe.split or SPLIT_OF_BACKEND[backend], ratio, moe.eta)
     runtime = OffloadRuntime(banks, cache, split, backend, bandwidths, moe.log_every,
-                             moe.cpu_activations)
+                             activations)
     if moe.preload:
         hot = uniform_hot_set(num_layers, config.num_experts, slots)
         cache.preload(torch.from_numpy(hot))
@@ -214,7 +217,7 @@ def build_offloaded(model_cls: type[DecoderLM], config: ModelConfig, checkpoint:
                 backend, slots, banks.num_ids, device, slots * slot / 2**20,
                 banks.nbytes / 2**20,
                 banks.format if banks.view is not None else str(bdtype).removeprefix("torch."),
-                " pinned" if banks.pinned else "", moe.cpu_activations)
+                " pinned" if banks.pinned else "", activations)
     if floor is not None:
         logger.info("memory watcher: keeps %s free on %s (checked every %d steps; the expert "
                     "cache shrinks below the floor and regrows above it)", format_bytes(floor),

@@ -22,7 +22,7 @@ from freetoken.huge_pages import advise_huge_pages
 from freetoken.models.config import ModelConfig
 from freetoken.models.decoder import DecoderLM
 from freetoken.models.loader import Checkpoint, WeightTarget, load_weights
-from freetoken.offload.backend import MoeConfig
+from freetoken.offload.backend import MoeConfig, resolve_cpu_activations
 from freetoken.offload.banks import ExpertBanks
 from freetoken.models.moe_forward import ClampedSwiGLU, grouped_swiglu
 from freetoken.ops.cpu_moe.cpu import cpu_moe_banks
@@ -168,7 +168,7 @@ def build_resident_banks(model_cls: type[DecoderLM], config: ModelConfig,
         fmt: the banks' format (:func:`resident_bank_format`).
         stored: the checkpoint's stored expert format (read into the banks as is), or None
             (dense experts, quantised to ``fmt`` once loaded).
-        moe: the backend settings (their ``cpu_activations``), or None (fp32).
+        moe: the backend settings (their ``cpu_activations``), or None (``auto``).
         progress: ``loader.load_weights``'s per-tensor callback, or None.
 
     Raises:
@@ -176,7 +176,8 @@ def build_resident_banks(model_cls: type[DecoderLM], config: ModelConfig,
     """
     from freetoken.offload.loading import bank_dtype, first_expert_tensor
 
-    activations = moe.cpu_activations if moe is not None else "fp32"
+    activations = resolve_cpu_activations(moe.cpu_activations if moe is not None else "auto",
+                                          fmt, dtype)
     if stored in ("nvfp4", "fp8") and activations != "fp32":
         raise ValueError(f"--moe-cpu-activations {activations}: the CPU kernel reads "
                          f"{stored.upper()} experts with fp32 activations only")

@@ -70,7 +70,7 @@ def test_q8_with_dense_banks_is_refused():
     assert str(info.value) == message
     with pytest.raises(ValueError) as info:
         MoeConfig(backend="cpu", expert_format="mxfp4", cpu_activations="int8")
-    assert str(info.value) == "unknown --moe-cpu-activations 'int8'; choose one of fp32, q8, bf16"
+    assert str(info.value) == "unknown --moe-cpu-activations 'int8'; choose one of auto, fp32, q8, bf16"
     assert MoeConfig(backend="hybrid", expert_format="mxfp4", cpu_activations="q8")
 
 
@@ -87,4 +87,4 @@ def test_cli_refuses_q8_with_dense_banks_in_one_line(tmp_path: Path, capsys):
     assert info.value.code == 2
     assert capsys.readouterr().err.strip().endswith(
         "freetoken serve: error: argument --moe-cpu-activations: invalid choice: 'int8' "
-        "(choose from 'fp32', 'q8', 'bf16')")
+        "(choose from 'auto', 'fp32', 'q8', 'bf16')")

@@ -14,7 +14,7 @@ from freetoken.models.decode_stack import build_decode_stack
 from freetoken.models.moe_forward import grouped_swiglu
 from freetoken.models.registry import load_model
 from freetoken.offload import resident
-from freetoken.offload.backend import MoeConfig, check_resident_device
+from freetoken.offload.backend import MoeConfig, check_resident_device, resolve_cpu_activations
 from freetoken.offload.banks import ExpertBanks
 from freetoken.offload.resident import BankExperts
 from freetoken.ops.cpu_moe.cpu import cpu_moe_banks
@@ -158,3 +158,21 @@ def test_resident_mxfp4_matches_transformers_on_both_prefill_paths(tiny_checkpoi
     with torch.no_grad():
         ref = load_hf(path)(ids[None]).logits[0]
     assert (ft(ids, ft.new_state(), all_logits=True) - ref).abs().max().item() <= 1e-4
+
+
+def test_auto_activations_are_q8_for_4bit_experts_in_a_bf16_model(tiny_checkpoint) -> None:
+    """``--moe-cpu-activations auto`` (the default): int8 activation blocks for 4-bit experts
+    in a bf16 model, as llama.cpp multiplies the same weights; fp32 everywhere else."""
+    assert resolve_cpu_activations("auto", "mxfp4", torch.bfloat16) == "q8"
+    assert resolve_cpu_activations("auto", "q4g", torch.bfloat16) == "q8"
+    assert resolve_cpu_activations("auto", "mxfp4", torch.float32) == "fp32"
+    for fmt in ("dense", "nvfp4", "fp8"):
+        assert resolve_cpu_activations("auto", fmt, torch.bfloat16) == "fp32"
+    assert resolve_cpu_activations("fp32", "mxfp4", torch.bfloat16) == "fp32"
+    path = tiny_checkpoint("gpt_oss")
+    assert load_model(path, dtype=torch.bfloat16).moe_blocks()[0].experts.activations == "q8"
+    assert load_model(path).moe_blocks()[0].experts.activations == "fp32"
+    exact = load_model(path, dtype=torch.bfloat16, moe=MoeConfig(cpu_activations="fp32"))
+    assert exact.moe_blocks()[0].experts.activations == "fp32"
+    offloaded = load_model(path, dtype=torch.bfloat16, moe=MoeConfig(backend="cpu", cache="4"))
+    assert offloaded.moe_runtime.cpu.activations == "q8"
