@@ -26,6 +26,7 @@ from freetoken.parsers.events import (
     TextDelta,
     ToolCallEvent,
 )
+from freetoken.server.held_text import HeldWhitespace
 from freetoken.server.ids import anthropic_tool_use_id
 
 log = logging.getLogger("freetoken.server")
@@ -61,8 +62,7 @@ class BlockBuilder:
         self.num_tool_uses = 0
         self._new_tool_id = new_tool_id
         self._open: str | None = None  # "text" | "thinking" while a block is open
-        self._pending_kind: str | None = None
-        self._pending = ""
+        self._held = HeldWhitespace()
 
     def feed(self, event: ParserEvent) -> list[dict]:
         """Stream payloads (``content_block_*`` dicts) caused by ``event``."""
@@ -76,7 +76,7 @@ class BlockBuilder:
 
     def close(self) -> list[dict]:
         """Close the open block (if any); held-back whitespace is dropped."""
-        self._pending_kind, self._pending = None, ""
+        self._held.drop()
         return self._close_open()
 
     def _stream_text(self, kind: str, text: str) -> list[dict]:
@@ -85,14 +85,9 @@ class BlockBuilder:
         field = "text" if kind == "text" else "thinking"
         out: list[dict] = []
         if self._open != kind:
-            if not text.strip():
-                if self._pending_kind != kind:
-                    self._pending_kind, self._pending = kind, ""
-                self._pending += text
+            text = self._held.admit(kind, text)
+            if text is None:
                 return []
-            if self._pending_kind == kind:
-                text = self._pending + text
-            self._pending_kind, self._pending = None, ""
             out += self._close_open()
             start = (
                 {"type": "text", "text": ""}
@@ -112,7 +107,7 @@ class BlockBuilder:
         return out
 
     def _tool_use(self, event: ToolCallEvent) -> list[dict]:
-        self._pending_kind, self._pending = None, ""
+        self._held.drop()
         out = self._close_open()
         tool_id = self._new_tool_id()
         out.append(

@@ -23,6 +23,7 @@ from __future__ import annotations
 import copy
 
 from freetoken.parsers.events import ParserEvent, ReasoningDelta, TextDelta, ToolCallEvent
+from freetoken.server.held_text import HeldWhitespace
 from freetoken.server.ids import openai_tool_call_id, output_item_id
 
 
@@ -38,8 +39,7 @@ class OutputBuilder:
         self.items: list[dict] = []
         self.reasoning = ""
         self._open: str | None = None  # "message" | "reasoning" while an item streams
-        self._pending_kind: str | None = None
-        self._pending = ""
+        self._held = HeldWhitespace()
 
     def feed(self, event: ParserEvent) -> list[dict]:
         """Stream payloads caused by ``event``."""
@@ -54,7 +54,7 @@ class OutputBuilder:
     def close(self, status: str = "completed") -> list[dict]:
         """Finish the open item (``status`` ``completed`` or ``incomplete``: generation was
         cut); held-back whitespace is dropped."""
-        self._pending_kind, self._pending = None, ""
+        self._held.drop()
         return self._close_open(status)
 
     def _stream_text(self, kind: str, text: str) -> list[dict]:
@@ -62,14 +62,9 @@ class OutputBuilder:
             return []
         out: list[dict] = []
         if self._open != kind:
-            if not text.strip():
-                if self._pending_kind != kind:
-                    self._pending_kind, self._pending = kind, ""
-                self._pending += text
+            text = self._held.admit(kind, text)
+            if text is None:
                 return []
-            if self._pending_kind == kind:
-                text = self._pending + text
-            self._pending_kind, self._pending = None, ""
             out += self._close_open("completed")
             out += self._start_text(kind)
         index = len(self.items) - 1
@@ -106,7 +101,7 @@ class OutputBuilder:
         return [{"type": "response.output_item.added", "output_index": index, "item": item}, added]
 
     def _function_call(self, event: ToolCallEvent) -> list[dict]:
-        self._pending_kind, self._pending = None, ""
+        self._held.drop()
         out = self._close_open("completed")
         index = len(self.items)
         item = {"id": output_item_id("fc"), "type": "function_call", "status": "in_progress",
