@@ -13,8 +13,8 @@ items (OpenAI "Responses" streaming events; shapes as the openai SDK's ``types/r
 * ``function_call`` (``fc_…``, ``call_id`` ``call_…``): ``output_item.added`` (empty
   ``arguments``) → one ``function_call_arguments.delta`` with the complete arguments →
   ``function_call_arguments.done`` → ``output_item.done``;
-* ``custom_tool_call`` (``ctc_…``), for a call of a declared ``custom`` tool: ``output_item.added``
-  (empty ``input``) → one ``custom_tool_call_input.delta`` with the whole input →
+* ``custom_tool_call`` (``ctc_…``), for a call of a declared ``custom`` tool:
+  ``output_item.added`` (empty ``input``) → one ``custom_tool_call_input.delta`` with the whole input →
   ``custom_tool_call_input.done`` → ``output_item.done``.
 
 Whitespace-only text or reasoning is held back until real content follows, so no blank message

@@ -1,4 +1,4 @@
-"""Command lines, minimal environments and config files of the four agent clients.
+"""Command lines, minimal environments and config files of the agent clients.
 
 The provider settings (environment variables, config documents) are exactly what ``freetoken launch``
 uses, built by ``freetoken.agents`` from the live server's ``GET /v1/models`` card, so these tests
@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from freetoken.agents.claude_code import claude_code_env
+from freetoken.agents.codex import codex_args, codex_env
 from freetoken.agents.discover import discover
 from freetoken.agents.launch import write_config
 from freetoken.agents.mini_swe_agent import mini_swe_agent_env
@@ -144,4 +145,31 @@ def mini_swe_agent(client: ClientInstall, base_url: str, model: str, home: Path,
     env.update(MSWEA_GLOBAL_CONFIG_DIR=str(home / "mswea"), MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT="1")
     argv = [str(client.executable), "-y", "--exit-immediately", "-t", PROMPT, "-c", "mini.yaml",
             "-c", f"agent.step_limit={step_limit}", "-o", str(trajectory)]
+    return argv, env
+
+
+def codex(client: ClientInstall, base_url: str, model: str, home: Path,
+          workdir: Path) -> tuple[list[str], dict[str, str]]:
+    """``codex <launch -c overrides> exec --json`` (one non-interactive turn) against
+    ``base_url`` through the Responses API.
+
+    The launch overrides (provider ``freetoken``, ``wire_api = "responses"``, key from
+    ``FREETOKEN_API_KEY``, the server's limits) come first, as ``freetoken launch codex`` puts
+    them; then the tests' own: ``--strict-config`` (an override Codex does not know fails the
+    run instead of being ignored), no retries of a failed request or stream (a server error
+    ends the run at once instead of hiding behind a retry), a fresh ``CODEX_HOME`` under
+    ``home`` (no login, no user config), ``--skip-git-repo-check`` (``workdir`` is no git
+    repository), a read-only sandbox, ``--ephemeral`` (no session files) and ``--json`` (one
+    JSON event per line on stdout).
+    """
+    target = launch_target(base_url, model)
+    env = base_env(client, home)
+    codex_home = home / ".codex"
+    codex_home.mkdir(parents=True, exist_ok=True)
+    env.update(codex_env(target), CODEX_HOME=str(codex_home))
+    argv = [str(client.executable), "--strict-config", *codex_args(target),
+            "-c", "model_providers.freetoken.request_max_retries=0",
+            "-c", "model_providers.freetoken.stream_max_retries=0",
+            "exec", "--skip-git-repo-check", "--sandbox", "read-only", "--ephemeral", "--json",
+            "--cd", str(workdir), PROMPT]
     return argv, env
