@@ -27,7 +27,9 @@ from .install import ClientInstall
 
 PROMPT = "Say hi."
 SYSTEM_PATH = "/usr/bin:/bin"
-OPENCODE_PROVIDERS = PROVIDER_PACKAGES
+# The AI SDK packages of the launch provider, plus OpenCode's built-in ``openai`` provider
+# (``POST /v1/responses``) re-pointed at the server.
+OPENCODE_PROVIDERS = (*PROVIDER_PACKAGES, "openai")
 
 
 def base_env(client: ClientInstall, home: Path) -> dict[str, str]:
@@ -70,10 +72,12 @@ def claude_code(client: ClientInstall, base_url: str, model: str, home: Path, *,
 def opencode(client: ClientInstall, base_url: str, model: str, home: Path, workdir: Path,
              provider: str = "@ai-sdk/openai-compatible") -> tuple[list[str], dict[str, str]]:
     """``opencode run --pure --format json`` with the launch provider ``freetoken`` through the AI SDK
-    package ``provider``.
+    package ``provider``, or (``provider="openai"``) the same settings on OpenCode's built-in
+    ``openai`` provider.
 
     ``@ai-sdk/openai-compatible`` calls ``POST /v1/chat/completions``, ``@ai-sdk/anthropic``
-    ``POST /v1/messages`` (both bundled in the OpenCode binary). The launch config (main and title
+    ``POST /v1/messages``, the built-in ``openai`` provider ``POST /v1/responses`` (all bundled
+    in the OpenCode binary). The launch config (main and title
     model both the served model, its limits, timeouts) is written under ``home`` and passed with
     ``OPENCODE_CONFIG`` as ``freetoken launch`` does; no ``-m``, so the config's ``model`` is what
     OpenCode uses. ``XDG_CONFIG_HOME`` is the installer's prepared config home, so OpenCode finds
@@ -84,8 +88,11 @@ def opencode(client: ClientInstall, base_url: str, model: str, home: Path, workd
         ValueError: ``provider`` is not one of ``OPENCODE_PROVIDERS``.
     """
     assert not (workdir / "opencode.json").exists(), f"{workdir} has its own opencode.json"
-    config = {**opencode_config(launch_target(base_url, model), provider), "autoupdate": False,
-              "share": "disabled"}
+    if provider == "openai":
+        config = _builtin_openai(opencode_config(launch_target(base_url, model)))
+    else:
+        config = opencode_config(launch_target(base_url, model), provider)
+    config.update(autoupdate=False, share="disabled")
     path = home / "freetoken-launch" / "opencode.json"
     write_config(path, config_text(config))
     env = base_env(client, home)
@@ -99,6 +106,18 @@ def opencode(client: ClientInstall, base_url: str, model: str, home: Path, workd
     env.update(opencode_env(path))
     argv = [str(client.executable), "run", "--pure", "--format", "json", PROMPT]
     return argv, env
+
+
+def _builtin_openai(config: dict) -> dict:
+    """The launch config moved onto OpenCode's built-in ``openai`` provider: same options and
+    model, no ``npm`` (the built-in provider brings ``@ai-sdk/openai`` and calls its Responses
+    model), model ids ``openai/<model>``."""
+    provider = dict(config["provider"]["freetoken"])
+    provider.pop("npm")
+    provider.pop("name")
+    model = config["model"].split("/", 1)[1]
+    return {**config, "provider": {"openai": provider}, "model": f"openai/{model}",
+            "small_model": f"openai/{model}"}
 
 
 def openclaw(client: ClientInstall, base_url: str, model: str, home: Path, workdir: Path,
