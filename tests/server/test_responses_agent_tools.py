@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 
+from harness_adapters import get_adapter
 from tests.server.test_responses_scripted import BASH, BASH_CHAT, stream_events
 
 PATCH_GRAMMAR = 'start: begin_patch hunk+ end_patch\nbegin_patch: "*** Begin Patch" LF'
@@ -129,3 +130,15 @@ def test_codex_history_items_render(srv):
                           "arguments": {"type": "exec", "command": ["ls"]}}}]},
         {"role": "tool", "content": "a.txt", "tool_call_id": "call_s"},
     ]
+
+
+def test_codex_requests_bind_to_the_codex_adapter(srv):
+    srv.engine.push("Hi.")
+    headers = {"originator": "codex_exec", "session-id": "thread-7",
+               "user-agent": "codex_exec/0.171.0 (Debian 12.0.0; x86_64) unknown"}
+    r = srv.http.post("/v1/responses", headers=headers,
+                      json={"model": "m", "input": "Say hi.", **CODEX_FIELDS})
+    assert r.status_code == 200, r.text
+    got = srv.http.get("/v1/sessions/codex:thread-7").json()
+    assert (got["harness"], got["harness_version"], got["requests"]) == ("codex", "0.171.0", 1)
+    assert srv.engine.last.request.anchors == get_adapter("codex").anchor_policy()
