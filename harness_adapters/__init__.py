@@ -1,5 +1,6 @@
-"""Per-harness knowledge (Claude Code, OpenCode, OpenClaw, SWE-agent, mini-swe-agent, generic):
-detection, edit boundaries and anchor policies, prefix-buster normalisation and edit simulators.
+"""Per-harness knowledge (Claude Code, OpenCode, OpenClaw, SWE-agent, mini-swe-agent, Codex CLI,
+generic): detection, edit boundaries and anchor policies, prefix-buster normalisation and edit
+simulators.
 
 Usage::
 

@@ -185,7 +185,7 @@ class HarnessAdapter(ABC):
 
     Attributes:
         name: canonical name (``"claude_code"``, ``"opencode"``, ``"openclaw"``, ``"swe_agent"``,
-            ``"mini_swe_agent"``, ``"generic"``).
+            ``"mini_swe_agent"``, ``"codex"``, ``"generic"``).
         title: display name (``"Claude Code"``...).
         boundaries: every known edit boundary, version-gated through ``since``/``until``.
     """

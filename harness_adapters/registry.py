@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from harness_adapters.base import HarnessAdapter, RequestInfo
 from harness_adapters.claude_code import ClaudeCodeAdapter
+from harness_adapters.codex import CodexAdapter
 from harness_adapters.generic import GenericAdapter
 from harness_adapters.mini_swe_agent import MiniSWEAgentAdapter
 from harness_adapters.openclaw import OpenClawAdapter
@@ -19,12 +20,12 @@ HARNESS_HEADER = "x-freetoken-harness"
 
 _ADAPTERS: tuple[HarnessAdapter, ...] = (
     ClaudeCodeAdapter(), OpenCodeAdapter(), OpenClawAdapter(), SWEAgentAdapter(),
-    MiniSWEAgentAdapter(), GenericAdapter(),
+    MiniSWEAgentAdapter(), CodexAdapter(), GenericAdapter(),
 )
 _BY_NAME = {a.name: a for a in _ADAPTERS}
 # Other spellings, after lower-casing and turning "-" and spaces into "_".
 _ALIASES = {"claude": "claude_code", "claudecode": "claude_code", "mini": "mini_swe_agent",
-            "mini_swe": "mini_swe_agent", "sweagent": "swe_agent"}
+            "mini_swe": "mini_swe_agent", "sweagent": "swe_agent", "codex_cli": "codex"}
 _GENERIC = _BY_NAME["generic"]
 
 

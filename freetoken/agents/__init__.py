@@ -1,4 +1,5 @@
-"""Run a coding agent (Claude Code, OpenCode, OpenClaw, mini-swe-agent) against a FreeToken server.
+"""Run a coding agent (Claude Code, OpenCode, OpenClaw, mini-swe-agent, Codex) against a FreeToken
+server.
 
 ``freetoken launch AGENT`` discovers the served model (``discover``), resolves the endpoint and its
 token limits (``target``), builds the agent's provider settings with pure functions (one module per

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from freetoken.agents import claude_code, mini_swe_agent, openclaw, opencode
+from freetoken.agents import claude_code, codex, mini_swe_agent, openclaw, opencode
 from freetoken.agents.discover import is_loopback
 from freetoken.agents.environment import child_environment, proxy_bypass
 from freetoken.agents.target import Target
@@ -55,6 +55,10 @@ def _mini(target: Target, _path: Path | None) -> tuple[dict[str, str], None]:
     return mini_swe_agent.mini_swe_agent_env(target), None
 
 
+def _codex(target: Target, _path: Path | None) -> tuple[dict[str, str], None]:
+    return codex.codex_env(target), None
+
+
 AGENTS: dict[str, AgentSpec] = {
     "claude": AgentSpec("claude", claude_code.EXECUTABLE, claude_code.INSTALL_HINT, None, _claude),
     "opencode": AgentSpec("opencode", opencode.EXECUTABLE, opencode.INSTALL_HINT, opencode.CONFIG_FILE,
@@ -63,6 +67,7 @@ AGENTS: dict[str, AgentSpec] = {
                           _openclaw),
     "mini-swe-agent": AgentSpec("mini-swe-agent", mini_swe_agent.EXECUTABLE, mini_swe_agent.INSTALL_HINT,
                                 None, _mini),
+    "codex": AgentSpec("codex", codex.EXECUTABLE, codex.INSTALL_HINT, None, _codex),
 }
 
 
@@ -99,11 +104,14 @@ def config_text(config: dict) -> str:
     return json.dumps(config, indent=2) + "\n"
 
 
-def spec_args(agent: str, settings: Mapping[str, str]) -> tuple[str, ...]:
+def spec_args(agent: str, settings: Mapping[str, str], target: Target) -> tuple[str, ...]:
     """Arguments placed before the user's: Claude Code gets its variables again as
     ``--settings '{"env": {...}}'``, because the ``env`` block of the user's own
     ``~/.claude/settings.json`` (say, an ``ANTHROPIC_BASE_URL``) would otherwise override the
-    process environment, while command-line settings rank above user and project settings."""
+    process environment, while command-line settings rank above user and project settings.
+    Codex gets its provider as ``-c`` overrides (they rank above ``~/.codex/config.toml``)."""
+    if agent == "codex":
+        return codex.codex_args(target)
     if agent != "claude":
         return ()
     return ("--settings", json.dumps({"env": dict(settings)}, separators=(",", ":")))
@@ -126,6 +134,6 @@ def plan_launch(agent: str, target: Target, environ: Mapping[str, str], extra_ar
         settings = {**settings, **proxy_bypass(environ, urlsplit(target.base_url).hostname or "")}
     env, cleared = child_environment(environ, settings)
     found = shutil.which(spec.executable, path=environ.get("PATH", ""))
-    argv = (found or spec.executable, *spec_args(agent, settings), *extra_args)
+    argv = (found or spec.executable, *spec_args(agent, settings, target), *extra_args)
     return LaunchPlan(agent, target, argv, found is not None, settings, cleared, env, path,
                       None if config is None else config_text(config))

@@ -44,6 +44,7 @@ def response_id() -> str:
 
 
 def output_item_id(kind: str) -> str:
-    """An output item id of the Responses API: ``msg_`` (message), ``rs_`` (reasoning) or
-    ``fc_`` (function call) + 24 alphanumerics; ``kind`` is that prefix without ``_``."""
+    """An output item id of the Responses API: ``msg_`` (message), ``rs_`` (reasoning),
+    ``fc_`` (function call) or ``ctc_`` (custom tool call) + 24 alphanumerics; ``kind`` is that
+    prefix without ``_``."""
     return f"{kind}_" + random_alnum(24)

@@ -31,6 +31,7 @@ from freetoken.server.openai_responses_input import input_messages
 from freetoken.server.openai_responses_items import OutputBuilder
 from freetoken.server.openai_responses_protocol import ResponsesRequest
 from freetoken.server.openai_responses_store import ResponseStore, StoredResponse
+from freetoken.server.openai_responses_tools import ResponsesToolset, read_tools
 from freetoken.server.prompt import effort_from_kwargs, thinking_from_kwargs
 from freetoken.server.sampling import build_sampling
 from freetoken.server.sessions import HarnessBinding
@@ -49,11 +50,13 @@ class ResponseJob:
         chat: the chat job generating it (its ``request_id`` is the ``resp_…`` id).
         request: the validated request (echoed in the response object).
         conversation: the stored conversation it continues plus its own input items.
+        toolset: the declared tools as the model sees them (custom tool names included).
     """
 
     chat: ChatJob
     request: ResponsesRequest
     conversation: tuple[dict, ...]
+    toolset: ResponsesToolset = ResponsesToolset()
 
 
 def _input_items(req: ResponsesRequest) -> list[dict]:
@@ -98,7 +101,11 @@ def prepare_response(
         raise bad_request("input: List should have at least 1 item after validation, not 0",
                           param="input")
     items = _input_items(req)
-    policy = responses_tools(req)
+    toolset = read_tools(req.tools)
+    if toolset.dropped:
+        log.info("responses: tools not offered to the model (not runnable as functions): %s",
+                 ", ".join(toolset.dropped))
+    policy = responses_tools(req, toolset.functions)
     messages = [{"role": "system", "content": req.instructions}] if req.instructions else []
     input_messages(history, "previous_response_id", messages)
     input_messages(items, "input", messages)
@@ -123,7 +130,7 @@ def prepare_response(
     sampling = constrain(sampling, policy, fmt, ctx.template, prompt.in_reasoning)
     chat = ChatJob(response_id(), ctx.model_name(req.model), now(), prompt, sampling, policy,
                    binding)
-    return ResponseJob(chat, req, history + tuple(items))
+    return ResponseJob(chat, req, history + tuple(items), toolset)
 
 
 def responses_usage(ctx: ServerContext, fin: Finish, reasoning: str) -> dict:
@@ -176,7 +183,7 @@ def response_object(job: ResponseJob, status: str, output: list[dict],
         "text": {"format": echoed_format(req)},
         "tool_choice": "auto" if choice is None else (
             choice if isinstance(choice, str) else choice.model_dump()),
-        "tools": [t.model_dump() for t in req.tools or []],
+        "tools": list(req.tools or []),
         "top_p": sampling.top_p,
         "truncation": "disabled",
         "usage": usage,
@@ -203,7 +210,7 @@ async def complete_response(ctx: ServerContext, job: ResponseJob, store: Respons
         APIError: 400 when the engine rejects the request.
         EngineFailure: the engine failed mid-generation (the route answers 500).
     """
-    builder = OutputBuilder()
+    builder = OutputBuilder(job.toolset.custom)
     fin: Finish | None = None
     async for event in ctx.events(job.chat):
         if isinstance(event, Finish):
@@ -229,7 +236,7 @@ async def stream_response(ctx: ServerContext, job: ResponseJob,
         return named_event({**payload, "sequence_number": next(numbers)})
 
     events = ctx.events(job.chat)
-    builder = OutputBuilder()
+    builder = OutputBuilder(job.toolset.custom)
     try:
         start = response_object(job, "in_progress", [])
         yield event({"type": "response.created", "response": start})

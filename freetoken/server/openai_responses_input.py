@@ -11,7 +11,13 @@ conversation that grows item by item renders to a prompt that grows append-only:
   calls yet, else opens a new one;
 * ``function_call`` joins the open assistant message (else opens one);
 * ``function_call_output`` becomes a ``tool`` message; user / system / developer messages become
-  their own messages (``developer`` as ``system``), closing the assistant turn.
+  their own messages (``developer`` as ``system``), closing the assistant turn;
+* ``custom_tool_call`` joins the open assistant message as a call with arguments
+  ``{"input": <text>}`` (the function form the model saw, see
+  :mod:`freetoken.server.openai_responses_tools`), ``custom_tool_call_output`` is a ``tool``
+  message; ``local_shell_call`` is a call of ``local_shell`` with its ``action`` as arguments;
+* ``web_search_call`` and ``image_generation_call`` (hosted tools this server never runs, kept
+  in an agent's history from another provider) are skipped.
 """
 
 from __future__ import annotations
@@ -23,11 +29,15 @@ from pydantic import BaseModel, ValidationError
 from freetoken.server.errors import bad_request, from_validation_error
 from freetoken.server.messages import MEDIA_PLACEHOLDER, parse_arguments
 from freetoken.server.openai_responses_protocol import (
+    CustomToolCallItem,
+    CustomToolCallOutputItem,
     FunctionCallItem,
     FunctionCallOutputItem,
     InputMessage,
+    LocalShellCallItem,
     ReasoningItem,
 )
+from freetoken.server.openai_responses_tools import CUSTOM_INPUT
 
 _TEXT_PARTS = frozenset({"input_text", "output_text", "text"})
 _MEDIA_PARTS = frozenset({"input_image", "input_file", "input_audio", "image", "file"})
@@ -36,7 +46,11 @@ _ITEMS: dict[str, type[BaseModel]] = {
     "function_call": FunctionCallItem,
     "function_call_output": FunctionCallOutputItem,
     "reasoning": ReasoningItem,
+    "custom_tool_call": CustomToolCallItem,
+    "custom_tool_call_output": CustomToolCallOutputItem,
+    "local_shell_call": LocalShellCallItem,
 }
+_SKIPPED_ITEMS = frozenset({"web_search_call", "image_generation_call"})
 
 
 def _validate(model: type[BaseModel], item: dict, path: str) -> Any:
@@ -120,7 +134,7 @@ def input_messages(items: list[dict[str, Any]] | tuple[dict[str, Any], ...],
 
     Raises:
         APIError: 400 naming the item path for a non-object item, an unsupported item type
-            (``item_reference``, hosted tool calls...), a missing or invalid field, or non-text
+            (``item_reference``, ``file_search_call``...), a missing or invalid field, or non-text
             content outside tool output.
     """
     out = [] if out is None else out
@@ -129,6 +143,8 @@ def input_messages(items: list[dict[str, Any]] | tuple[dict[str, Any], ...],
         if not isinstance(raw, dict):
             raise bad_request(f"{where}: Input should be an object", param=where)
         kind = raw.get("type", "message")
+        if kind in _SKIPPED_ITEMS:
+            continue
         model = _ITEMS.get(kind) if isinstance(kind, str) else None
         if model is None:
             raise bad_request(f"{where}.type: unsupported input item type {kind!r}",
@@ -144,6 +160,12 @@ def input_messages(items: list[dict[str, Any]] | tuple[dict[str, Any], ...],
             call = {"id": item.call_id, "type": "function",
                     "function": {"name": item.name,
                                  "arguments": parse_arguments(item.arguments)}}
+            _open_assistant(out).setdefault("tool_calls", []).append(call)
+        elif isinstance(item, (CustomToolCallItem, LocalShellCallItem)):
+            name, args = ((item.name, {CUSTOM_INPUT: item.input})
+                          if isinstance(item, CustomToolCallItem) else ("local_shell", item.action))
+            call = {"id": item.call_id, "type": "function",
+                    "function": {"name": name, "arguments": args}}
             _open_assistant(out).setdefault("tool_calls", []).append(call)
         else:
             text = _parts_text(item.output, f"{where}.output", omit_media=True)

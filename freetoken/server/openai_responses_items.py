@@ -12,7 +12,10 @@ items (OpenAI "Responses" streaming events; shapes as the openai SDK's ``types/r
   ``output_item.done``, one ``output_text`` part;
 * ``function_call`` (``fc_…``, ``call_id`` ``call_…``): ``output_item.added`` (empty
   ``arguments``) → one ``function_call_arguments.delta`` with the complete arguments →
-  ``function_call_arguments.done`` → ``output_item.done``.
+  ``function_call_arguments.done`` → ``output_item.done``;
+* ``custom_tool_call`` (``ctc_…``), for a call of a declared ``custom`` tool:
+  ``output_item.added`` (empty ``input``) → one ``custom_tool_call_input.delta`` with the whole input →
+  ``custom_tool_call_input.done`` → ``output_item.done``.
 
 Whitespace-only text or reasoning is held back until real content follows, so no blank message
 precedes a call. Payloads carry ``type`` but no ``sequence_number`` (the stream numbers them).
@@ -25,17 +28,21 @@ import copy
 from freetoken.parsers.events import ParserEvent, ReasoningDelta, TextDelta, ToolCallEvent
 from freetoken.server.held_text import HeldWhitespace
 from freetoken.server.ids import openai_tool_call_id, output_item_id
+from freetoken.server.openai_responses_tools import custom_input
 
 
 class OutputBuilder:
     """Feeds parser events, returns stream payloads, and accumulates the final ``output``.
+
+    ``custom_tools``: names whose calls are reported as ``custom_tool_call`` items.
 
     Attributes:
         items: the output items so far (each as the final ``output[]`` entry).
         reasoning: all reasoning text produced (for ``reasoning_tokens``).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, custom_tools: frozenset[str] = frozenset()) -> None:
+        self.custom_tools = custom_tools
         self.items: list[dict] = []
         self.reasoning = ""
         self._open: str | None = None  # "message" | "reasoning" while an item streams
@@ -103,6 +110,8 @@ class OutputBuilder:
     def _function_call(self, event: ToolCallEvent) -> list[dict]:
         self._held.drop()
         out = self._close_open("completed")
+        if event.name in self.custom_tools:
+            return out + self._custom_call(event.name, custom_input(event.arguments))
         index = len(self.items)
         item = {"id": output_item_id("fc"), "type": "function_call", "status": "in_progress",
                 "call_id": openai_tool_call_id(), "name": event.name, "arguments": ""}
@@ -114,6 +123,22 @@ class OutputBuilder:
                     "output_index": index, "delta": event.arguments})
         out.append({"type": "response.function_call_arguments.done", "item_id": item["id"],
                     "output_index": index, "name": event.name, "arguments": event.arguments})
+        out.append({"type": "response.output_item.done", "output_index": index,
+                    "item": dict(item)})
+        return out
+
+    def _custom_call(self, name: str, text: str) -> list[dict]:
+        index = len(self.items)
+        item = {"id": output_item_id("ctc"), "type": "custom_tool_call", "status": "in_progress",
+                "call_id": openai_tool_call_id(), "name": name, "input": ""}
+        out = [{"type": "response.output_item.added", "output_index": index,
+                "item": dict(item)}]
+        item.update(input=text, status="completed")
+        self.items.append(item)
+        out.append({"type": "response.custom_tool_call_input.delta", "item_id": item["id"],
+                    "output_index": index, "delta": text})
+        out.append({"type": "response.custom_tool_call_input.done", "item_id": item["id"],
+                    "output_index": index, "input": text})
         out.append({"type": "response.output_item.done", "output_index": index,
                     "item": dict(item)})
         return out

@@ -55,6 +55,9 @@ class TextConfig(_Lenient):
 class ResponsesRequest(_Lenient):
     """``POST /v1/responses`` body.
 
+    ``tools`` stays raw here: :mod:`freetoken.server.openai_responses_tools` sorts the
+    declared types (function, custom, hosted tools that are dropped).
+
     ``input`` is a string (one user message) or a list of items (see module docstring); it may
     be omitted only when ``previous_response_id`` continues a stored conversation.
     """
@@ -62,7 +65,7 @@ class ResponsesRequest(_Lenient):
     model: str | None = None
     input: str | list[dict[str, Any]] | None = None
     instructions: str | None = None
-    tools: list[FunctionTool] | None = None
+    tools: list[Any] | None = None
     tool_choice: Literal["auto", "none", "required"] | FunctionChoice | None = None
     parallel_tool_calls: bool | None = None
     max_output_tokens: int | None = Field(default=None, ge=1)
@@ -113,3 +116,29 @@ class ReasoningItem(_Lenient):
     type: Literal["reasoning"]
     summary: list[dict[str, Any]] = []
     content: list[dict[str, Any]] | None = None
+
+
+class CustomToolCallItem(_Lenient):
+    """A ``custom_tool_call`` item: an earlier call of a custom tool (``input``: its raw text)."""
+
+    type: Literal["custom_tool_call"]
+    call_id: str
+    name: str
+    input: str = ""
+
+
+class CustomToolCallOutputItem(_Lenient):
+    """A ``custom_tool_call_output`` item: the result of the custom call ``call_id``."""
+
+    type: Literal["custom_tool_call_output"]
+    call_id: str
+    output: str | list[dict[str, Any]]
+
+
+class LocalShellCallItem(_Lenient):
+    """A ``local_shell_call`` item: a shell command the model ran through the hosted
+    ``local_shell`` tool; its result comes back as a ``function_call_output``."""
+
+    type: Literal["local_shell_call"]
+    call_id: str
+    action: dict[str, Any] = {}

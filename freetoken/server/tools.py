@@ -25,6 +25,7 @@ alternative to the JSON answer).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from freetoken.constrain import GrammarError, ToolCallGrammar, tool_call_grammar
@@ -33,7 +34,7 @@ from freetoken.core import SamplingParams
 from freetoken.server.anthropic_protocol import CountTokensRequest
 from freetoken.server.errors import bad_request
 from freetoken.server.openai_protocol import ChatCompletionRequest
-from freetoken.server.openai_responses_protocol import ResponsesRequest
+from freetoken.server.openai_responses_protocol import FunctionTool, ResponsesRequest
 
 _EMPTY_SCHEMA = {"type": "object", "properties": {}}
 
@@ -167,15 +168,16 @@ def openai_tools(req: ChatCompletionRequest) -> ToolPolicy:
                             req.parallel_tool_calls)
 
 
-def responses_tools(req: ResponsesRequest) -> ToolPolicy:
-    """Tool policy of a Responses request (flat function tools; ``required`` / named choices
-    force a call).
+def responses_tools(req: ResponsesRequest, functions: Sequence[FunctionTool]) -> ToolPolicy:
+    """Tool policy of a Responses request over its ``functions`` (the flat function tools
+    :func:`~freetoken.server.openai_responses_tools.read_tools` kept); ``required`` / named
+    choices force a call.
 
     Raises:
         APIError: 400 as :func:`openai_tools` (a named choice is reported as
             ``tool_choice.name``).
     """
-    tools = [_function(t.name, t.description, t.parameters) for t in req.tools or []] or None
+    tools = [_function(t.name, t.description, t.parameters) for t in functions] or None
     choice = req.tool_choice
     if isinstance(choice, str) or choice is None:
         return _function_policy(tools, choice, None, "", req.parallel_tool_calls)

@@ -1,4 +1,4 @@
-"""Command lines, minimal environments and config files of the four agent clients.
+"""Command lines, minimal environments and config files of the agent clients.
 
 The provider settings (environment variables, config documents) are exactly what ``freetoken launch``
 uses, built by ``freetoken.agents`` from the live server's ``GET /v1/models`` card, so these tests
@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from freetoken.agents.claude_code import claude_code_env
+from freetoken.agents.codex import codex_args, codex_env
 from freetoken.agents.discover import discover
 from freetoken.agents.launch import write_config
 from freetoken.agents.mini_swe_agent import mini_swe_agent_env
@@ -26,7 +27,9 @@ from .install import ClientInstall
 
 PROMPT = "Say hi."
 SYSTEM_PATH = "/usr/bin:/bin"
-OPENCODE_PROVIDERS = PROVIDER_PACKAGES
+# The AI SDK packages of the launch provider, plus OpenCode's built-in ``openai`` provider
+# (``POST /v1/responses``) re-pointed at the server.
+OPENCODE_PROVIDERS = (*PROVIDER_PACKAGES, "openai")
 
 
 def base_env(client: ClientInstall, home: Path) -> dict[str, str]:
@@ -69,10 +72,12 @@ def claude_code(client: ClientInstall, base_url: str, model: str, home: Path, *,
 def opencode(client: ClientInstall, base_url: str, model: str, home: Path, workdir: Path,
              provider: str = "@ai-sdk/openai-compatible") -> tuple[list[str], dict[str, str]]:
     """``opencode run --pure --format json`` with the launch provider ``freetoken`` through the AI SDK
-    package ``provider``.
+    package ``provider``, or (``provider="openai"``) the same settings on OpenCode's built-in
+    ``openai`` provider.
 
     ``@ai-sdk/openai-compatible`` calls ``POST /v1/chat/completions``, ``@ai-sdk/anthropic``
-    ``POST /v1/messages`` (both bundled in the OpenCode binary). The launch config (main and title
+    ``POST /v1/messages``, the built-in ``openai`` provider ``POST /v1/responses`` (all bundled
+    in the OpenCode binary). The launch config (main and title
     model both the served model, its limits, timeouts) is written under ``home`` and passed with
     ``OPENCODE_CONFIG`` as ``freetoken launch`` does; no ``-m``, so the config's ``model`` is what
     OpenCode uses. ``XDG_CONFIG_HOME`` is the installer's prepared config home, so OpenCode finds
@@ -83,8 +88,11 @@ def opencode(client: ClientInstall, base_url: str, model: str, home: Path, workd
         ValueError: ``provider`` is not one of ``OPENCODE_PROVIDERS``.
     """
     assert not (workdir / "opencode.json").exists(), f"{workdir} has its own opencode.json"
-    config = {**opencode_config(launch_target(base_url, model), provider), "autoupdate": False,
-              "share": "disabled"}
+    if provider == "openai":
+        config = _builtin_openai(opencode_config(launch_target(base_url, model)))
+    else:
+        config = opencode_config(launch_target(base_url, model), provider)
+    config.update(autoupdate=False, share="disabled")
     path = home / "freetoken-launch" / "opencode.json"
     write_config(path, config_text(config))
     env = base_env(client, home)
@@ -98,6 +106,18 @@ def opencode(client: ClientInstall, base_url: str, model: str, home: Path, workd
     env.update(opencode_env(path))
     argv = [str(client.executable), "run", "--pure", "--format", "json", PROMPT]
     return argv, env
+
+
+def _builtin_openai(config: dict) -> dict:
+    """The launch config moved onto OpenCode's built-in ``openai`` provider: same options and
+    model, no ``npm`` (the built-in provider brings ``@ai-sdk/openai`` and calls its Responses
+    model), model ids ``openai/<model>``."""
+    provider = dict(config["provider"]["freetoken"])
+    provider.pop("npm")
+    provider.pop("name")
+    model = config["model"].split("/", 1)[1]
+    return {**config, "provider": {"openai": provider}, "model": f"openai/{model}",
+            "small_model": f"openai/{model}"}
 
 
 def openclaw(client: ClientInstall, base_url: str, model: str, home: Path, workdir: Path,
@@ -144,4 +164,31 @@ def mini_swe_agent(client: ClientInstall, base_url: str, model: str, home: Path,
     env.update(MSWEA_GLOBAL_CONFIG_DIR=str(home / "mswea"), MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT="1")
     argv = [str(client.executable), "-y", "--exit-immediately", "-t", PROMPT, "-c", "mini.yaml",
             "-c", f"agent.step_limit={step_limit}", "-o", str(trajectory)]
+    return argv, env
+
+
+def codex(client: ClientInstall, base_url: str, model: str, home: Path,
+          workdir: Path) -> tuple[list[str], dict[str, str]]:
+    """``codex <launch -c overrides> exec --json`` (one non-interactive turn) against
+    ``base_url`` through the Responses API.
+
+    The launch overrides (provider ``freetoken``, ``wire_api = "responses"``, key from
+    ``FREETOKEN_API_KEY``, the server's limits) come first, as ``freetoken launch codex`` puts
+    them; then the tests' own: ``--strict-config`` (an override Codex does not know fails the
+    run instead of being ignored), no retries of a failed request or stream (a server error
+    ends the run at once instead of hiding behind a retry), a fresh ``CODEX_HOME`` under
+    ``home`` (no login, no user config), ``--skip-git-repo-check`` (``workdir`` is no git
+    repository), a read-only sandbox, ``--ephemeral`` (no session files) and ``--json`` (one
+    JSON event per line on stdout).
+    """
+    target = launch_target(base_url, model)
+    env = base_env(client, home)
+    codex_home = home / ".codex"
+    codex_home.mkdir(parents=True, exist_ok=True)
+    env.update(codex_env(target), CODEX_HOME=str(codex_home))
+    argv = [str(client.executable), "--strict-config", *codex_args(target),
+            "-c", "model_providers.freetoken.request_max_retries=0",
+            "-c", "model_providers.freetoken.stream_max_retries=0",
+            "exec", "--skip-git-repo-check", "--sandbox", "read-only", "--ephemeral", "--json",
+            "--cd", str(workdir), PROMPT]
     return argv, env

@@ -119,6 +119,12 @@ def mini_swe_agent_client() -> install.ClientInstall:
     return _installed("mini-swe-agent")
 
 
+@pytest.fixture(scope="session")
+def codex_client() -> install.ClientInstall:
+    """Codex CLI with its native binary."""
+    return _installed("codex")
+
+
 def pytest_terminal_summary(terminalreporter) -> None:  # noqa: ANN001 - pytest hook signature
     """Print what each client sent (one block per run) and where the artifacts are."""
     if not SUMMARIES:

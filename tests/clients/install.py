@@ -31,8 +31,9 @@ NODE24_VERSION = "24.22.3"
 OPENCLAW_VERSION = "2026.9.6"
 MINI_SWE_AGENT_VERSION = "2.4.6"
 LITELLM_VERSION = "1.110.2"
+CODEX_VERSION = "0.171.0"
 
-CLIENTS = ("claude-code", "opencode", "openclaw", "mini-swe-agent")
+CLIENTS = ("claude-code", "opencode", "openclaw", "mini-swe-agent", "codex")
 STAMP = ".freetoken-installed"
 BASE_PATH = "/usr/local/bin:/usr/bin:/bin"
 
@@ -258,11 +259,35 @@ def install_mini_swe_agent(root: Path, force: bool = False) -> ClientInstall:
     return client
 
 
+def install_codex(root: Path, force: bool = False) -> ClientInstall:
+    """Codex CLI ``@openai/codex@CODEX_VERSION`` (npm global install under a prefix).
+
+    The package's optional dependency ``@openai/codex-linux-x64`` (an alias of
+    ``@openai/codex@<version>-linux-x64`` on the npm registry) carries the native binary; the
+    ``codex`` launcher on PATH is a Node script that runs it.
+
+    Raises:
+        InstallError: npm failed or ``codex --version`` does not report the pinned version.
+    """
+    folder = root / f"codex-{CODEX_VERSION}"
+    client = ClientInstall("codex", CODEX_VERSION, folder / "bin" / "codex", (folder / "bin",))
+
+    def build(prefix: Path) -> None:
+        _npm_global(prefix, f"@openai/codex@{CODEX_VERSION}")
+        with tempfile.TemporaryDirectory() as home:
+            _check_version([str(client.executable), "--version"], CODEX_VERSION,
+                           _tool_env(client.path_dirs, Path(home)))
+
+    _stamped(folder, f"codex@{CODEX_VERSION}", build, force)
+    return client
+
+
 INSTALLERS: dict[str, Callable[[Path, bool], ClientInstall]] = {
     "claude-code": install_claude_code,
     "opencode": install_opencode,
     "openclaw": install_openclaw,
     "mini-swe-agent": install_mini_swe_agent,
+    "codex": install_codex,
 }
 
 

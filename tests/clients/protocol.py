@@ -5,8 +5,13 @@ OpenAI Chat Completions stream (``chat.completion.chunk`` events, one ``finish_r
 a usage-only last chunk when ``stream_options.include_usage`` was asked, ``data: [DONE]``), the
 non-streaming ``chat.completion`` object, and the Anthropic Messages stream (``message_start`` ...
 ``message_stop``, balanced ``content_block_start``/``stop`` per index, delta kinds matching their
-block, tool input JSON that parses) or ``message`` object. Sources: the OpenAI API reference
-("Create chat completion", "The chat completion chunk object") and Anthropic's "Streaming Messages".
+block, tool input JSON that parses) or ``message`` object, and the OpenAI Responses stream
+(``event:`` names equal to each payload's ``type``, ``sequence_number`` 0, 1, ...,
+``response.created`` first and ``response.completed`` last, every output item added then done
+once, the final ``output`` equal to the items done, function arguments that parse) or
+``response`` object. Sources: the OpenAI API reference ("Create chat completion", "The chat
+completion chunk object", "Responses" and its streaming events) and Anthropic's "Streaming
+Messages".
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from .tap import Exchange
 
 OPENAI_FINISH = {"stop", "length", "tool_calls", "content_filter"}
 ANTHROPIC_STOP = {"end_turn", "max_tokens", "stop_sequence", "tool_use", "pause_turn", "refusal"}
+RESPONSES_ITEMS = {"message", "reasoning", "function_call", "custom_tool_call"}
 DELTA_FOR_BLOCK = {
     "text": {"text_delta"},
     "thinking": {"thinking_delta", "signature_delta"},
@@ -75,6 +81,9 @@ def problems(ex: Exchange) -> list[str]:
             return [] if isinstance(count, int) and count > 0 else [f"input_tokens {count!r}"]
         if ex.path.endswith("/messages"):
             return _anthropic_stream(ex) if body.get("stream") else _anthropic_object(ex)
+        if ex.path.endswith("/responses"):
+            return _responses_stream(ex) if body.get("stream") else _responses_object(
+                json.loads(ex.response_text()))
     except (ValueError, KeyError, TypeError, IndexError, OSError, EOFError) as exc:
         return [f"malformed response: {type(exc).__name__}: {exc}"]
     return []
@@ -199,3 +208,50 @@ def _anthropic_stream(ex: Exchange) -> list[str]:
         except ValueError:
             out.append(f"tool_use block {index}: input JSON {raw[:120]!r} does not parse")
     return out
+
+
+def _responses_object(obj: dict) -> list[str]:
+    """A completed ``response`` object: status, output item shapes and usage."""
+    out = [] if obj.get("object") == "response" else [f"object {obj.get('object')!r}"]
+    if obj.get("status") != "completed" or obj.get("error") is not None:
+        out.append(f"status {obj.get('status')!r}, error {obj.get('error')!r}")
+    for item in obj.get("output", []):
+        if item.get("type") not in RESPONSES_ITEMS:
+            out.append(f"output item type {item.get('type')!r}")
+        elif item["type"] == "function_call":
+            out += _json_args(item.get("arguments"), f"function_call {item.get('call_id')}")
+        if item.get("type") != "reasoning" and item.get("status") != "completed":
+            out.append(f"output item {item.get('id')} status {item.get('status')!r}")
+    usage = obj.get("usage") or {}
+    if not all(isinstance(usage.get(k), int) for k in ("input_tokens", "output_tokens")):
+        out.append(f"usage {usage!r}")
+    return out
+
+
+def _responses_stream(ex: Exchange) -> list[str]:
+    events = sse_events(ex.response_text())
+    payloads = [json.loads(data) for _, data in events]
+    out = [f"event {name!r} carries type {p.get('type')!r}"
+           for (name, _), p in zip(events, payloads) if name != p.get("type")]
+    numbers = [p.get("sequence_number") for p in payloads]
+    if numbers != list(range(len(payloads))):
+        out.append(f"sequence numbers {numbers[:5]}... are not 0, 1, ...")
+    kinds = [p.get("type") for p in payloads]
+    if kinds[:2] != ["response.created", "response.in_progress"] or kinds[-1:] != [
+            "response.completed"]:
+        return out + [f"event order {kinds[:2]} ... {kinds[-1:]}"]
+    added: dict[int, dict] = {}
+    done: dict[int, dict] = {}
+    for p in payloads:
+        if p["type"] == "response.output_item.added":
+            if p["output_index"] in added:
+                out.append(f"output item {p['output_index']} added twice")
+            added[p["output_index"]] = p["item"]
+        elif p["type"] == "response.output_item.done":
+            if p["output_index"] not in added or p["output_index"] in done:
+                out.append(f"output item {p['output_index']} done without being added once")
+            done[p["output_index"]] = p["item"]
+    final = payloads[-1]["response"]
+    if sorted(added) != sorted(done) or [done[i] for i in sorted(done)] != final.get("output"):
+        out.append("the final output is not the items added and done")
+    return out + _responses_object(final)

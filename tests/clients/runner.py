@@ -22,7 +22,8 @@ from .tap import Exchange, Tap
 
 SUMMARIES: list[str] = []
 
-MODEL_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/messages/count_tokens")
+MODEL_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/messages/count_tokens",
+               "/v1/responses")
 # Markers of an API/transport failure as the clients and their SDKs print them. Free-text "error" is
 # not among them: the tiny model's random text (trained on Python sources) often contains it.
 API_ERROR_MARKERS = re.compile(
@@ -74,14 +75,15 @@ def run_client(label: str, argv: list[str], env: dict[str, str], cwd: Path, serv
 
 
 def response_id(ex: Exchange) -> str | None:
-    """The completion/message id the server put in a response (streamed or not)."""
+    """The completion/message/response id the server put in a response (streamed or not)."""
     text = ex.response_text()
     try:
         if "text/event-stream" in ex.response_headers.get("content-type", ""):
             for _, data in sse_events(text):
                 if data != "[DONE]":
                     obj = json.loads(data)
-                    return obj.get("id") or (obj.get("message") or {}).get("id")
+                    return (obj.get("id") or (obj.get("message") or {}).get("id")
+                            or (obj.get("response") or {}).get("id"))
             return None
         return json.loads(text).get("id")
     except ValueError:

@@ -1,5 +1,6 @@
 """OpenCode (``opencode run``) against the live server, through its OpenAI-compatible provider
-(Chat Completions over SSE) and through its Anthropic provider (Messages over SSE).
+(Chat Completions over SSE), its Anthropic provider (Messages over SSE) and its built-in
+``openai`` provider (Responses over SSE).
 
 Passing means: exit 0, no ``error`` event in its JSON event stream and no ERROR line in its own log,
 the title request (no tools) and the main request (tools, ``tool_choice`` auto) both answered 200
@@ -22,15 +23,21 @@ from .tap import Exchange
 
 pytestmark = pytest.mark.clients
 
-PATHS = {"@ai-sdk/openai-compatible": "/v1/chat/completions", "@ai-sdk/anthropic": "/v1/messages"}
+PATHS = {"@ai-sdk/openai-compatible": "/v1/chat/completions", "@ai-sdk/anthropic": "/v1/messages",
+         "openai": "/v1/responses"}
 
 
 def _served(ex: Exchange) -> tuple[int, str]:
     """(input tokens from the usage the server sent, visible text it streamed) for one call.
 
     OpenCode counts cache reads apart from input: Chat Completions input is ``prompt_tokens``
-    less ``prompt_tokens_details.cached_tokens`` (Anthropic's ``input_tokens`` already is)."""
+    less ``prompt_tokens_details.cached_tokens``, Responses input ``input_tokens`` less
+    ``input_tokens_details.cached_tokens`` (Anthropic's ``input_tokens`` already is)."""
     events = [json.loads(data) for _, data in sse_events(ex.response_text()) if data != "[DONE]"]
+    if ex.path == "/v1/responses":
+        text = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+        usage = events[-1]["response"]["usage"]
+        return usage["input_tokens"] - usage["input_tokens_details"]["cached_tokens"], text
     if ex.path == "/v1/chat/completions":
         text = "".join(c["choices"][0]["delta"].get("content") or "" for c in events if c["choices"])
         usage = events[-1]["usage"]
@@ -84,6 +91,13 @@ def _run(live, opencode_client, tmp_path: Path, provider: str) -> None:  # noqa:
     if provider == "@ai-sdk/openai-compatible":
         assert all(ex.request_json().get("stream_options") == {"include_usage": True} for ex in calls)
         assert all(ex.request_json().get("tool_choice") == "auto" for ex in main)
+    elif provider == "openai":
+        # the AI SDK's Responses model: no server-side state, the launch output cap as the limit
+        assert all(ex.request_json().get("store") is False for ex in calls)
+        assert all(ex.request_json().get("max_output_tokens") == live.server.max_output_tokens
+                   for ex in calls)
+        assert all(ex.request_json().get("tool_choice") == "auto" for ex in main)
+        assert all(t["type"] == "function" for ex in main for t in ex.request_json()["tools"])
     else:
         assert all(ex.request_json().get("tool_choice") == {"type": "auto"} for ex in main)
     served = [_served(ex) for ex in main]

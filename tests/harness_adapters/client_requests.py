@@ -135,3 +135,39 @@ def openai_sdk() -> RequestInfo:
     body = {"model": "m", "messages": [{"role": "user", "content": "hello"}]}
     return RequestInfo("openai", "/v1/chat/completions",
                        {"User-Agent": "OpenAI/Python 3.57.0", **STAINLESS}, body)
+
+
+CODEX_THREAD = "01a2340b-92a4-77f3-8c5e-2af67ca32069"
+CODEX_BASE_PROMPT = ("You are a coding agent running in the Codex CLI, a terminal-based coding "
+                     "assistant.")
+
+
+def _responses_fn(name: str) -> dict:
+    return {"type": "function", "name": name, "description": f"{name} tool", "strict": False,
+            "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}}}
+
+
+def codex(*, headers: bool = True, base_prompt: bool = True) -> RequestInfo:
+    """``codex exec`` 0.171.0 through a custom Responses provider: developer messages, the
+    environment-context user message, the prompt; headers as Codex sent them (cut down)."""
+    developer = CODEX_BASE_PROMPT if base_prompt else "Follow the rules."
+    body = {"model": "test-model", "stream": True, "store": False, "tool_choice": "auto",
+            "parallel_tool_calls": True, "reasoning": {"summary": "auto"},
+            "include": ["reasoning.encrypted_content"], "prompt_cache_key": CODEX_THREAD,
+            "input": [{"type": "message", "role": "developer",
+                       "content": [{"type": "input_text", "text": developer}]},
+                      {"type": "message", "role": "user", "content": [
+                          {"type": "input_text",
+                           "text": "<environment_context>\n  <cwd>/w</cwd>"}]},
+                      {"type": "message", "role": "user",
+                       "content": [{"type": "input_text", "text": "Say hi."}]}],
+            "tools": [_responses_fn("exec_command"), _responses_fn("write_stdin"),
+                      {"type": "web_search", "external_web_access": False}]}
+    head = {"content-type": "application/json", "authorization": "Bearer dummy"}
+    if headers:
+        head |= {"originator": "codex_exec", "session-id": CODEX_THREAD, "thread-id": CODEX_THREAD,
+                 "x-codex-window-id": f"{CODEX_THREAD}:0",
+                 "x-codex-turn-metadata": '{"turn_trigger":"exec","request_kind":"turn"}',
+                 "User-Agent": "codex_exec/0.171.0 (Debian 12.0.0; x86_64) unknown "
+                               "(codex_exec; 0.171.0)"}
+    return RequestInfo("openai", "/v1/responses", head, body)

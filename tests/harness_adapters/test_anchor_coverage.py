@@ -190,6 +190,7 @@ CONVERSATIONS = {
     ("claude_code", "C5", *[{"clear_tool_results": True, "compactable_tools": ("bash",)}] * 2, "swe"),
     ("opencode", "P1", {}, {"prune": True, "prune_protect": 5, "prune_minimum": 0,
                             "count_tokens": len}, "three_turns"),
+    ("codex", "X1", {}, {"summary": "Summary: showed f0-f2."}, "three_turns"),
 ])
 def test_other_edits_are_covered_by_their_boundary_anchor(name: str, code: str, before: dict,
                                                          after: dict, conversation: str) -> None:

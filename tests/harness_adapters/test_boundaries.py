@@ -19,6 +19,7 @@ def test_anchor_policy_of_each_harness() -> None:
         "openclaw": BASE | {K.THINKING_START, K.TOOL_OUTPUT_START},  # E1, E8
         "swe_agent": BASE | {K.TOOL_OUTPUT_START},  # S1
         "mini_swe_agent": BASE,
+        "codex": BASE,  # X1/X2/X4 land on turn starts; X3, X5, X6 never move served tokens
         "generic": BASE,
     }
     for name in adapter_names():
@@ -51,6 +52,10 @@ def test_boundary_codes_and_anchors() -> None:
         "C4": (K.TURN_START, True), "C5": (K.TOOL_OUTPUT_START, False),
         "C6": (K.TOOL_OUTPUT_START, False), "C7": (K.TOOL_OUTPUT_START, False),
         "C8": (K.TURN_START, True)}
+    assert table("codex") == common | {
+        "X1": (K.TURN_START, True), "X2": (K.TURN_START, True),
+        "X3": (K.TOOL_OUTPUT_START, False), "X4": (K.TURN_START, True),
+        "X5": (K.TURN_START, False), "X6": (K.TOOL_OUTPUT_START, False)}
     assert table("generic") == common
 
 

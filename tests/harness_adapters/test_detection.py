@@ -18,10 +18,11 @@ from tests.harness_adapters import client_requests as req
     (req.openclaw_anthropic(), "openclaw"),
     (req.mini_swe_agent(), "mini_swe_agent"),
     (req.swe_agent(), "swe_agent"),
+    (req.codex(), "codex"),
     (req.litellm_anthropic(), "generic"),
     (req.openai_sdk(), "generic"),
 ], ids=["claude-code", "opencode", "openclaw-openai", "openclaw-anthropic", "mini-swe-agent",
-        "swe-agent", "litellm-anthropic", "openai-sdk"])
+        "swe-agent", "codex", "litellm-anthropic", "openai-sdk"])
 def test_real_client_shapes_are_detected(info: RequestInfo, expected: str) -> None:
     assert detect_adapter(info).name == expected
 
@@ -29,7 +30,7 @@ def test_real_client_shapes_are_detected(info: RequestInfo, expected: str) -> No
 def test_scores_of_each_client() -> None:
     assert detection_scores(req.claude_code()) == {
         "claude_code": 1.0, "opencode": 0.0, "openclaw": 0.0, "swe_agent": 0.0,
-        "mini_swe_agent": 0.0, "generic": 0.0}
+        "mini_swe_agent": 0.0, "codex": 0.0, "generic": 0.0}
     assert detection_scores(req.opencode())["opencode"] == 0.95
     assert detection_scores(req.openclaw_openai())["openclaw"] == 0.97
     assert detection_scores(req.mini_swe_agent())["mini_swe_agent"] == 0.9
@@ -108,7 +109,7 @@ def test_forced_harness_header() -> None:
     with pytest.raises(ValueError) as err:
         detect_adapter(bad)
     assert str(err.value) == ("unknown harness 'cursor'; expected one of: claude_code, opencode, "
-                              "openclaw, swe_agent, mini_swe_agent, generic")
+                              "openclaw, swe_agent, mini_swe_agent, codex, generic")
 
 
 def test_versions() -> None:
@@ -171,7 +172,7 @@ def test_request_info_checks_and_header_lookup() -> None:
 
 def test_registry_names_and_aliases() -> None:
     assert adapter_names() == ("claude_code", "opencode", "openclaw", "swe_agent",
-                               "mini_swe_agent", "generic")
+                               "mini_swe_agent", "codex", "generic")
     aliases = {"claude": "claude_code", "claude-code": "claude_code", "Claude Code": "claude_code",
                "mini-swe-agent": "mini_swe_agent", "mini": "mini_swe_agent",
                "swe-agent": "swe_agent", "opencode": "opencode", "openclaw": "openclaw",

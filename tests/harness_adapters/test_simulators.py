@@ -221,6 +221,7 @@ def test_append_only_harnesses() -> None:
     ("swe_agent", {"n": 1}),
     ("claude_code", {"keep_thinking_turns": 0, "clear_tool_results": True, "keep_tool_results": 0}),
     ("mini_swe_agent", {}),
+    ("codex", {"summary": "s", "user_tokens": 3}),
     ("generic", {}),
 ])
 def test_input_is_never_modified(name: str, options: dict) -> None:

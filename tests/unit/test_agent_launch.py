@@ -27,7 +27,8 @@ SECRETS = {"ANTHROPIC_API_KEY": "sk-ant-secret-1", "OPENAI_API_KEY": "sk-openai-
            "GEMINI_API_KEY": "gm-secret-3", "AWS_SECRET_ACCESS_KEY": "aws-secret-4",
            "OPENROUTER_API_KEY": "sk-or-secret-5", "CLAUDE_CODE_USE_BEDROCK": "1"}
 SECRET_VALUES = [v for v in SECRETS.values() if len(v) > 1]  # CLAUDE_CODE_USE_BEDROCK=1 is a switch
-EXECUTABLES = {"claude": "claude", "opencode": "opencode", "openclaw": "openclaw", "mini-swe-agent": "mini"}
+EXECUTABLES = {"claude": "claude", "opencode": "opencode", "openclaw": "openclaw", "mini-swe-agent": "mini",
+               "codex": "codex"}
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -200,9 +201,27 @@ CLEARED = ["CLAUDE_CODE_USE_BEDROCK", "OPENAI_API_KEY", "GEMINI_API_KEY", "AWS_S
            "OPENROUTER_API_KEY"]
 
 
-def _lead(agent: str, settings: dict[str, str]) -> list[str]:
+def _codex_overrides(url: str) -> list[str]:
+    """Codex's provider as ``-c`` overrides: 65536 context less the 2048 output cap is the
+    auto-compaction limit."""
+    pairs = [
+        'model="moe-test"', 'model_provider="freetoken"',
+        'model_providers.freetoken.name="FreeToken"',
+        f'model_providers.freetoken.base_url="{url}/v1"',
+        'model_providers.freetoken.wire_api="responses"',
+        'model_providers.freetoken.env_key="FREETOKEN_API_KEY"',
+        "model_providers.freetoken.stream_idle_timeout_ms=1800000",
+        "model_context_window=65536", "model_auto_compact_token_limit=63488",
+        'web_search="disabled"', "analytics.enabled=false",
+    ]
+    return [arg for pair in pairs for arg in ("-c", pair)]
+
+
+def _lead(agent: str, settings: dict[str, str], url: str = "") -> list[str]:
     """Arguments launch puts before the user's: Claude Code's settings again as ``--settings``
-    (they rank above the user's own ~/.claude/settings.json)."""
+    (they rank above the user's own ~/.claude/settings.json), Codex's provider overrides."""
+    if agent == "codex":
+        return _codex_overrides(url)
     return ["--settings", json.dumps({"env": settings}, separators=(",", ":"))] if agent == "claude" else []
 
 
@@ -217,6 +236,8 @@ def _expected(agent: str, url: str, home: Path) -> tuple[dict[str, str], list[st
     if agent == "openclaw":
         path = launch_dir / "openclaw.json"
         return {"OPENCLAW_CONFIG_PATH": str(path)}, ["ANTHROPIC_API_KEY", *CLEARED], path, _openclaw_config(url)
+    if agent == "codex":
+        return {"FREETOKEN_API_KEY": "freetoken"}, ["ANTHROPIC_API_KEY", *CLEARED], None, None
     cleared = ["ANTHROPIC_API_KEY", *(n for n in CLEARED if n != "OPENAI_API_KEY")]
     return _mini_env(url), cleared, None, None
 
@@ -232,7 +253,7 @@ def test_dry_run_prints_exact_settings_and_writes_nothing(agent: str, stub: Stub
     settings, cleared, path, config = _expected(agent, stub.url, user / "home")
     assert got["export"] == settings
     assert got["unset"] == cleared
-    assert got["argv"] == [str(fake), *_lead(agent, settings), "-p", "fix it"]
+    assert got["argv"] == [str(fake), *_lead(agent, settings, stub.url), "-p", "fix it"]
     assert got["config"] == config
     assert got["config_path"] == (None if path is None else str(path))
     assert got["mkdir"] == (None if path is None else str(path.parent))
@@ -394,7 +415,7 @@ def _check_exec(launched: tuple[int, int, str], agent: str, url: str, user: Path
     dump = json.loads((user / "dump.json").read_text())
     assert dump["pid"] == pid, "the agent must replace the launcher process (exec), not run as its child"
     settings, cleared, path, config = _expected(agent, url, user / "home")
-    assert dump["argv"] == [str(user / "bin" / EXECUTABLES[agent]), *_lead(agent, settings), "run", "two words",
+    assert dump["argv"] == [str(user / "bin" / EXECUTABLES[agent]), *_lead(agent, settings, url), "run", "two words",
                             "--flag"]
     env = dump["env"]
     assert {k: env.get(k) for k in settings} == settings
