@@ -111,11 +111,28 @@ class GenerationOutput:
 
 
 @dataclass(frozen=True)
+class ResidentExperts:
+    """Resident routed experts kept in a kernel format on a CPU device.
+
+    Attributes:
+        format: the banks' format (``mxfp4``, ``q4g``, ``nvfp4``, ``fp8``).
+        bytes: host bytes of every layer's banks (codes, scales, biases excluded).
+        cpu_activations: the expert kernel's activations (``fp32``, ``q8``).
+    """
+
+    format: str
+    bytes: int
+    cpu_activations: str
+
+
+@dataclass(frozen=True)
 class EngineInfo:
-    """Static facts about the served model that the API layer needs."""
+    """Static facts about the served model that the API layer needs (``resident_experts``:
+    set when resident experts keep a kernel format, see ``freetoken.offload.resident``)."""
 
     model_path: str
     model_type: str
     max_model_len: int
     vocab_size: int
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    resident_experts: ResidentExperts | None = None

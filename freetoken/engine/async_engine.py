@@ -159,6 +159,7 @@ class AsyncEngine(EngineClient):
         from freetoken.models.config import ModelConfig
         from freetoken.models.load_progress import load_reporter
         from freetoken.models.registry import load_model
+        from freetoken.offload.resident import resident_experts
 
         say = progress or (lambda _message: None)
         path = Path(path)
@@ -182,6 +183,10 @@ class AsyncEngine(EngineClient):
                 f"{s.device} ({s.cache_bytes / 2**20:.1f} MiB), host banks "
                 f"{s.bank_bytes / 2**20:.1f} MiB{' pinned' if s.banks_pinned else ''}, "
                 f"policy {s.policy}")
+        banked = resident_experts(model)
+        if banked is not None:
+            say(f"moe backend resident: experts kept {banked.format} on the CPU "
+                f"({banked.bytes / 2**20:.1f} MiB), cpu activations {banked.cpu_activations}")
         recorder = None
         if record_routing is not None:
             from freetoken.offload.recorder import RoutingRecorder
@@ -197,6 +202,7 @@ class AsyncEngine(EngineClient):
             max_model_len=max_model_len or limit,
             vocab_size=config.vocab_size,
             eos_token_ids=eos,
+            resident_experts=banked,
         )
         engine = cls(model, tokenizer, info, max_num_batched_tokens=max_num_batched_tokens,
                      device=device, moe=runtime, routing_recorder=recorder, cache=cache)

@@ -18,6 +18,7 @@ import math
 import torch
 from torch import nn
 
+from freetoken.core import ResidentExperts
 from freetoken.huge_pages import advise_huge_pages
 from freetoken.models.config import ModelConfig
 from freetoken.models.decoder import DecoderLM
@@ -139,6 +140,17 @@ class BankExperts(nn.Module):
             part = grouped_swiglu(x.to(dtype), local, weights.to(dtype), gate_up, down, glu)
             out = part if out is None else out + part
         return out.to(x.dtype)
+
+
+def resident_experts(model) -> ResidentExperts | None:
+    """What ``GET /v1/freetoken/memory`` reports for a model whose experts are
+    :class:`BankExperts`, or None (dense parameters, or an offload runtime)."""
+    experts = [block.experts for block in model.moe_blocks()
+               if isinstance(block.experts, BankExperts)]
+    if not experts:
+        return None
+    return ResidentExperts(experts[0].banks.format, sum(e.banks.nbytes for e in experts),
+                           experts[0].activations)
 
 
 def resident_bank_format(stored: str | None, moe: MoeConfig | None) -> str | None:

@@ -128,10 +128,17 @@ def admin_router(ctx: ServerContext) -> APIRouter:
 
     @router.get("/v1/freetoken/memory")
     async def get_memory() -> Response:
-        """The expert cache (``expert_cache: null`` on the resident backend)."""
+        """The expert cache (``expert_cache: null`` on the resident backend, with
+        ``resident_experts`` when a CPU device keeps them in a kernel format)."""
         moe = ctx.engine.moe
         if moe is None:
-            return JSONResponse({"backend": "resident", FIELD: None})
+            body = {"backend": "resident", FIELD: None}
+            banked = ctx.engine.info.resident_experts
+            if banked is not None:
+                body["resident_experts"] = {"expert_format": banked.format,
+                                            "bank_bytes": banked.bytes,
+                                            "cpu_activations": banked.cpu_activations}
+            return JSONResponse(body)
         return JSONResponse(memory_body(await between_steps(moe.stats)))
 
     @router.post("/v1/freetoken/memory")

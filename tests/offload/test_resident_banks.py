@@ -9,6 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from freetoken.core import ResidentExperts
 from freetoken.models import registry
 from freetoken.models.decode_stack import build_decode_stack
 from freetoken.models.moe_forward import grouped_swiglu
@@ -176,3 +177,12 @@ def test_auto_activations_are_q8_for_4bit_experts_in_a_bf16_model(tiny_checkpoin
     assert exact.moe_blocks()[0].experts.activations == "fp32"
     offloaded = load_model(path, dtype=torch.bfloat16, moe=MoeConfig(backend="cpu", cache="4"))
     assert offloaded.moe_runtime.cpu.activations == "q8"
+
+
+def test_resident_experts_summary(tiny_checkpoint) -> None:
+    """What ``GET /v1/freetoken/memory`` reports for resident bank experts (none for dense
+    ones)."""
+    summary = resident.resident_experts(load_model(tiny_checkpoint("gpt_oss"),
+                                                   dtype=torch.bfloat16))
+    assert summary == ResidentExperts("mxfp4", 4 * 16 * 3 * 256 * 128 * 17 // 32, "q8")
+    assert resident.resident_experts(load_model(tiny_checkpoint("qwen3_moe"))) is None

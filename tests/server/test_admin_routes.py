@@ -3,6 +3,8 @@ the exact OpenAI-shaped error of every bad request (the server stays healthy aft
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from tests.server.srv_moe import MIB, FakeMoe
@@ -154,3 +156,19 @@ def test_startup_endpoint_list_matches_the_app(srv) -> None:
                 assert (r.status_code, error["code"]) == (404, "session_not_found"), (method, path)
             continue
         assert r.status_code in (200, 400), (method, path, r.status_code)
+
+
+def test_get_reports_resident_experts_kept_in_a_kernel_format(srv) -> None:
+    from freetoken.core import ResidentExperts
+
+    info = srv.engine.info
+    srv.engine.info = dataclasses.replace(
+        info, resident_experts=ResidentExperts("mxfp4", 3342336, "q8"))
+    try:
+        r = srv.http.get(PATH)
+    finally:
+        srv.engine.info = info
+    assert (r.status_code, r.json()) == (200, {
+        "backend": "resident", "expert_cache": None,
+        "resident_experts": {"expert_format": "mxfp4", "bank_bytes": 3342336,
+                             "cpu_activations": "q8"}})
