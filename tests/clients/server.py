@@ -18,7 +18,8 @@ REPO_ROOT = Path(__file__).resolve().parents[2]  # ``-m freetoken`` works withou
 # uvicorn's access line: 127.0.0.1:PORT - "POST /v1/messages?beta=true HTTP/1.1" 200 OK
 ACCESS_LINE = re.compile(r'"(?P<method>[A-Z]+) (?P<target>\S+) HTTP/1\.[01]" (?P<status>\d{3})')
 # the engine's line per finished request: request <id> finished (<reason>): prompt N tokens, generated M
-FINISHED_LINE = re.compile(r"request (?P<id>\S+) finished \((?P<reason>[^)]*)\): prompt (?P<prompt>\d+) tokens, "
+FINISHED_LINE = re.compile(r"request (?P<id>\S+) finished \((?P<reason>[^)]*)\): prompt (?P<prompt>\d+) tokens "
+                           r"\(reused (?P<reused>\d+), recomputed (?P<recomputed>\d+)\), "
                            r"generated (?P<generated>\d+) tokens")
 SERVER_FAULTS = re.compile(r"Traceback \(most recent call last\)|Exception in ASGI application| ERROR |"
                            r"^ERROR:", re.MULTILINE)

@@ -181,6 +181,11 @@ def test_finish_log_line(caplog: pytest.LogCaptureFixture) -> None:
         "tokens, TTFT "
     )
     assert lines[0].endswith(" tok/s")
+    from tests.clients.server import FINISHED_LINE  # the real-client runner parses this line
+
+    match = FINISHED_LINE.search(lines[0])
+    assert match is not None and (match["id"], match["prompt"], match["generated"]) == (
+        "req-7", "5", "3")
 
 
 def test_validation_errors_are_clear() -> None:
