@@ -136,6 +136,19 @@ def _embedding_dtype(path: Path) -> str | None:
         return None
 
 
+
+def _stored_mxfp4(model) -> bool:
+    """Whether the checkpoint folder ``model`` declares MXFP4 experts (gpt-oss's releases), whose
+    host banks and resident experts stay MXFP4 under ``--moe-expert-format dense``."""
+    import json
+
+    try:
+        raw = json.loads((Path(model) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, TypeError, ValueError):
+        return False
+    quant = raw.get("quantization_config") if isinstance(raw, dict) else None
+    return isinstance(quant, dict) and quant.get("quant_method") == "mxfp4"
+
 def check_moe_flags(args: argparse.Namespace):
     """Validate the device and MoE flags before anything loads; returns the ``MoeConfig``.
 
@@ -158,8 +171,11 @@ def check_moe_flags(args: argparse.Namespace):
     record = args.record_routing
     if record is not None and (record.is_dir() or not record.parent.is_dir()):
         raise ValueError(f"--record-routing {record}: need a file path in an existing folder")
+    expert_format = args.moe_expert_format
+    if expert_format == "dense" and _stored_mxfp4(args.model):
+        expert_format = "mxfp4"  # "dense" keeps a release's stored format: say so to MoeConfig
     moe = MoeConfig(backend=args.moe_backend, cache=args.moe_cache_slots, policy=args.moe_policy,
-                    log_every=args.moe_log_every, expert_format=args.moe_expert_format,
+                    log_every=args.moe_log_every, expert_format=expert_format,
                     cpu_activations=args.moe_cpu_activations,
                     memory_floor=args.moe_memory_floor)
     if args.moe_backend == "offload" and args.moe_cpu_activations not in ("auto", "fp32"):

@@ -162,8 +162,8 @@ def build_offloaded(model_cls: type[DecoderLM], config: ModelConfig, checkpoint:
     stored = stored_expert_format(checkpoint, config)
     if stored and moe.expert_format not in ("dense", stored):
         raise ValueError(f"--moe-expert-format {moe.expert_format}: this checkpoint's experts "
-                         f"are {stored.upper()} and stay so in the host banks (use {stored} "
-                         f"or dense)")
+                         f"are {stored.upper()} and stay so in the host banks (use {stored}, "
+                         f"or dense: as stored)")
     loaded_as = stored or str(bdtype).removeprefix("torch.")
     activations = resolve_cpu_activations(moe.cpu_activations,
                                           stored or moe.expert_format, dtype)

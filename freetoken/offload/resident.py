@@ -163,7 +163,7 @@ def resident_bank_format(stored: str | None, moe: MoeConfig | None) -> str | Non
     asked = moe.expert_format if moe is not None else "dense"
     if stored and asked not in ("dense", stored):
         raise ValueError(f"--moe-expert-format {asked}: this checkpoint's experts are "
-                         f"{stored.upper()} and stay so (use {stored} or dense)")
+                         f"{stored.upper()} and stay so (use {stored}, or dense: as stored)")
     return stored or (None if asked == "dense" else asked)
 
 

@@ -136,7 +136,7 @@ def test_offloaded_bf16_layout_matches_resident(bf16_layout, backend) -> None:
      "load as mxfp4: use --moe-cpu-activations fp32"),
     (MoeConfig(backend="cpu", expert_format="q4g"),
      "--moe-expert-format q4g: this checkpoint's experts are MXFP4 and stay so in the host "
-     "banks (use mxfp4 or dense)"),
+     "banks (use mxfp4, or dense: as stored)"),
 ])
 def test_mxfp4_bank_options_that_cannot_apply_are_refused(tiny_checkpoint, moe, message) -> None:
     with pytest.raises(ValueError) as err:

@@ -93,7 +93,7 @@ def test_resident_expert_format_other_than_the_stored_one_is_refused(tiny_checkp
         load_model(tiny_checkpoint("gpt_oss"), moe=MoeConfig(backend="resident",
                                                              expert_format="q4g"))
     assert str(err.value) == ("--moe-expert-format q4g: this checkpoint's experts are MXFP4 and "
-                              "stay so (use mxfp4 or dense)")
+                              "stay so (use mxfp4, or dense: as stored)")
 
 
 def _layer_banks(swiglu, seed: int) -> ExpertBanks:

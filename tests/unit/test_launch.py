@@ -134,6 +134,23 @@ def test_q8_with_offload_notes_that_it_has_no_effect(capsys):
         "every miss into the cache, so the CPU expert kernel never runs\n")
 
 
+def test_q8_applies_to_an_mxfp4_release_without_an_expert_format(tiny_checkpoint, capsys):
+    """``--moe-expert-format dense`` (the default) keeps a release's MXFP4 experts, so q8 takes
+    them; a dense checkpoint still refuses q8 without a 4-bit format."""
+    from freetoken.launch import check_moe_flags
+
+    for backend in ("auto", "cpu"):
+        args = build_parser().parse_args(["serve", "--model", str(tiny_checkpoint("gpt_oss")),
+                                          "--moe-backend", backend, "--moe-cpu-activations", "q8"])
+        moe = check_moe_flags(args)
+        assert (moe.expert_format, moe.cpu_activations) == ("mxfp4", "q8")
+    args = build_parser().parse_args(["serve", "--model", str(tiny_checkpoint("qwen3_moe")),
+                                      "--moe-cpu-activations", "q8"])
+    with pytest.raises(ValueError, match=r"needs 4-bit host expert banks: use --moe-expert-format "
+                                         r"mxfp4 or q4g \(got dense\)$"):
+        check_moe_flags(args)
+
+
 @pytest.mark.parametrize("stored,key,expected", [
     ("bfloat16", "torch_dtype", "bfloat16"), ("float16", "torch_dtype", "bfloat16"),
     ("float32", "torch_dtype", "float32"), ("bfloat16", "dtype", "bfloat16"),
