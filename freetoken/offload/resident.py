@@ -62,6 +62,11 @@ class _Scratch:
 _scratch = _Scratch()
 
 
+def _kernel_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype ``x`` enters the expert kernels in: its own when fp32 / bf16, else fp32."""
+    return x.dtype if x.dtype in (torch.float32, torch.bfloat16) else torch.float32
+
+
 class BankExperts(nn.Module):
     """The routed experts of one MoE layer held in a one-layer :class:`ExpertBanks` (rows = the
     layer's experts ``0..E-1``) and computed by the CPU expert kernel.
@@ -110,18 +115,17 @@ class BankExperts(nn.Module):
         if (self.banks.format == "mxfp4" and self.activations == "fp32"
                 and t * k > DENSE_PREFILL_ROWS * self.num_experts):
             return self._dense_forward(x, ids, weights)
-        x = x.contiguous() if x.dtype in (torch.float32, torch.bfloat16) else x.float()
         tokens = torch.arange(t).repeat_interleave(k)
-        out = cpu_moe_banks(x.contiguous(), tokens, ids.flatten(), weights.flatten().float(),
-                            self.banks.kernel_view(), activations=self.activations,
-                            **self._glu())
+        out = cpu_moe_banks(x.to(_kernel_dtype(x)).contiguous(), tokens, ids.flatten(),
+                            weights.flatten().float(), self.banks.kernel_view(),
+                            activations=self.activations, **self._glu())
         return out.to(x.dtype)
-
 
     def _dense_forward(self, x: torch.Tensor, ids: torch.Tensor,
                        weights: torch.Tensor) -> torch.Tensor:
         view, act = self.banks.kernel_view(), self.banks.activation()
-        dtype = x.dtype if x.dtype in (torch.float32, torch.bfloat16) else torch.float32
+        dtype = _kernel_dtype(x)
+        xd, wd = x.to(dtype), weights.to(dtype)
         used = ids.flatten().unique()  # sorted: experts run in id order, as resident ones do
         dense_bytes = 3 * view.hidden * view.intermediate * dtype.itemsize
         per = max(1, SCRATCH_BYTES // dense_bytes)
@@ -137,7 +141,7 @@ class BankExperts(nn.Module):
             glu = None if act is None else ClampedSwiGLU(act.gate_up_bias[chunk],
                                                         act.down_bias[chunk], act.limit,
                                                         act.alpha)
-            part = grouped_swiglu(x.to(dtype), local, weights.to(dtype), gate_up, down, glu)
+            part = grouped_swiglu(xd, local, wd, gate_up, down, glu)
             out = part if out is None else out + part
         return out.to(x.dtype)
 
