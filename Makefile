@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 .PHONY: install serve test test-fast clients clean
 
 # Rebuilt when the dependencies or the C++ kernel sources change (the editable install compiles csrc/).
-CSRC_SOURCES := $(wildcard csrc/*.py csrc/src/*.cpp csrc/bindings/*.cpp csrc/bindings/*.h csrc/include/freetoken/*.h)
+CSRC_SOURCES := $(wildcard csrc/*.py csrc/src/*.cpp csrc/src/*.h csrc/bindings/*.cpp csrc/bindings/*.h csrc/include/freetoken/*.h)
 
 $(STAMP): pyproject.toml $(CSRC_SOURCES)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
