@@ -156,6 +156,7 @@ class AsyncEngine(EngineClient):
             FileNotFoundError, ValueError: from the model loader or tokenizer (missing files,
                 unsupported architecture), or ``max_model_len`` < 2 or above the config's limit.
         """
+        from freetoken.heap import keep_freed_heap
         from freetoken.models.config import ModelConfig
         from freetoken.models.load_progress import load_reporter
         from freetoken.models.registry import load_model
@@ -176,6 +177,7 @@ class AsyncEngine(EngineClient):
         model = load_model(path, dtype=dtype, device=device, moe=moe, bandwidths=bandwidths,
                            progress=reporter if progress is not None else None)
         say(f"weights loaded in {time.perf_counter() - started:.1f}s")
+        keep_freed_heap()  # the weights keep their mappings; a step's temporaries are reused
         runtime = getattr(model, "moe_runtime", None)
         if runtime is not None:
             s = runtime.stats()
