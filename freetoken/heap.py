@@ -29,8 +29,8 @@ def keep_freed_heap(mmap_threshold: int = MMAP_THRESHOLD,
     only later allocations are affected.
 
     Returns:
-        True when both were set; False off Linux/glibc or when glibc refused a value (its mmap
-        threshold is capped at 32 MiB on 32-bit builds, 2^25 * sizeof(long) on 64-bit).
+        True when both were set; False off Linux, without a C library exporting ``mallopt``,
+        or when glibc refused a value (then the second is not tried).
     """
     if not sys.platform.startswith("linux"):
         return False
