@@ -68,6 +68,21 @@ inline float exp_nonpositive(float x) {
   return e * scale;
 }
 
+// max(s[0:n]), n >= 1, over kLanes running maxima: the loop vectorises (a maximum is exact in
+// any order), where a single running maximum is a serial chain through memory.
+inline float row_max(const float* s, int64_t n) {
+  float lanes[kLanes];
+  for (int64_t j = 0; j < kLanes; ++j) lanes[j] = s[0];
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int64_t j = 0; j < kLanes; ++j) lanes[j] = s[i + j] > lanes[j] ? s[i + j] : lanes[j];
+  }
+  float m = s[0];
+  for (; i < n; ++i) m = s[i] > m ? s[i] : m;
+  for (int64_t j = 0; j < kLanes; ++j) m = lanes[j] > m ? lanes[j] : m;
+  return m;
+}
+
 // The scores of one position for a tile of T query heads: K row loaded once, T accumulators.
 template <class V, int T>
 inline void dot_heads(const float* q, int64_t hd, int64_t full, const void* k, bool bf16,
@@ -170,8 +185,7 @@ void attend_chunk_impl(const AttendArgs& a) {
   score_chunk<V>(a, parts.data());
   for (int64_t h = 0; h < heads; ++h) {
     float* s = a.scores + h * n;
-    float m = s[0];
-    for (int64_t i = 1; i < n; ++i) m = s[i] > m ? s[i] : m;
+    const float m = row_max(s, n);
     for (int64_t i = 0; i < n; ++i) s[i] = exp_nonpositive(s[i] - m);
     float lanes[kLanes] = {};  // the sum in the same lane order as the dot products
     int64_t i = 0;
