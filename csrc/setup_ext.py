@@ -26,6 +26,8 @@ ISA_FLAGS = {
     "dequant_avx2": ["-mavx2", "-mfma", "-mf16c"],
     "decode_avx512": ["-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl"],
     "rows_dot_avx512": ["-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl"],
+    "rows_q8_avx512": ["-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl",
+                       "-mavx512vnni"],
     "rows_fp8_avx512": ["-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl"],
     "rows_dot_avx512_bf16": ["-mavx2", "-mfma", "-mavx512f", "-mavx512bw", "-mavx512vl",
                              "-mavx512bf16"],

@@ -45,6 +45,18 @@ std::vector<Isa> supported_isas() {
 
 Isa best_isa() { return supported_isas().back(); }
 
+bool cpu_has_avx512_vnni() {
+#if defined(__x86_64__) || defined(__i386__)
+  static const bool has = [] {
+    const std::vector<Isa> isas = supported_isas();
+    return isas.back() >= Isa::kAvx512 && __builtin_cpu_supports("avx512vnni");
+  }();
+  return has;
+#else
+  return false;
+#endif
+}
+
 int64_t vec_layout_block(VecLayout layout) {
   switch (layout) {
     case VecLayout::kNatural: return 1;
@@ -104,7 +116,7 @@ enum KernelId : int {
   kBf16Scalar, kF32Scalar, kQ4Scalar, kQ8Scalar,
   kBf16Avx2, kF32Avx2, kQ4Avx2, kQ8Avx2,
   kBf16Avx512, kF32Avx512, kBf16Dpbf16,
-  kFp8Scalar, kFp8Avx2, kNvfp4Scalar, kNvfp4Avx2, kFp8Avx512,
+  kFp8Scalar, kFp8Avx2, kNvfp4Scalar, kNvfp4Avx2, kFp8Avx512, kQ8Avx512,
   kNumKernels,
 };
 
@@ -130,6 +142,7 @@ const std::vector<RowsKernel>& all_rows_kernels() {
       {kNvfp4Scalar, &rows_dot_nvfp4_scalar, VecLayout::kNatural, "nvfp4_scalar", Isa::kScalar},
       {kNvfp4Avx2, &rows_dot_nvfp4_avx2, VecLayout::kNibble16, "nvfp4_avx2", Isa::kAvx2},
       {kFp8Avx512, &rows_dot_fp8_avx512, VecLayout::kNatural, "fp8_avx512", Isa::kAvx512},
+      {kQ8Avx512, &rows_dot_q8_avx512, VecLayout::kNatural, "q8_avx512_vnni", Isa::kAvx512},
   };
   return kernels;
 }
@@ -150,7 +163,9 @@ const RowsKernel& rows_kernel_for(Isa isa, WeightFormat format, Activations act)
   const bool q4 = format == WeightFormat::kMxfp4 || format == WeightFormat::kQ4g;
   if (act == Activations::kQ8) {
     if (!q4) throw std::invalid_argument("q8 activations need 4-bit weights (mxfp4 or q4g)");
-    return k[isa == Isa::kScalar ? kQ8Scalar : kQ8Avx2];
+    if (isa == Isa::kScalar) return k[kQ8Scalar];
+    const bool avx512 = isa == Isa::kAvx512 || isa == Isa::kAvx512Bf16;
+    return k[avx512 && cpu_has_avx512_vnni() ? kQ8Avx512 : kQ8Avx2];
   }
   const bool bf16 = format == WeightFormat::kBf16;
   switch (isa) {

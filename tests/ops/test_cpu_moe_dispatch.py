@@ -4,6 +4,8 @@ another's code. Every variant this CPU supports is checked."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -11,6 +13,9 @@ from freetoken.ops.cpu_moe import build_banks
 from freetoken.ops.cpu_moe.cpu import cpu_moe_banks, kernels, supported_isas
 
 ISAS = supported_isas()
+# The avx512 variants' q8 kernel needs AVX512_VNNI as well (isa.h rows_kernel_for).
+VNNI = "avx512_vnni" in Path("/proc/cpuinfo").read_text().split()
+Q8_AVX512 = "q8_avx512_vnni" if VNNI else "q8_avx2"
 
 # (isa, format, activations) -> the kernel(s) it must run, from isa.h.
 EXPECTED = {
@@ -23,15 +28,15 @@ EXPECTED = {
              ("bf16", "bf16"): "bf16_avx2", ("fp8", "fp32"): "fp8_avx2",
              ("nvfp4", "fp32"): "nvfp4_avx2"},
     "avx512": {("bf16", "fp32"): "bf16_avx512", ("fp32", "fp32"): "f32_avx512",
-               ("q4g", "fp32"): "q4_avx2", ("q4g", "q8"): "q8_avx2",
+               ("q4g", "fp32"): "q4_avx2", ("q4g", "q8"): Q8_AVX512,
                ("bf16", "bf16"): "bf16_avx512", ("fp8", "fp32"): "fp8_avx512",
                ("nvfp4", "fp32"): "nvfp4_avx2"},
     "avx512_bf16": {("bf16", "fp32"): "bf16_avx512", ("fp32", "fp32"): "f32_avx512",
-                    ("q4g", "fp32"): "q4_avx2", ("q4g", "q8"): "q8_avx2",
+                    ("q4g", "fp32"): "q4_avx2", ("q4g", "q8"): Q8_AVX512,
                     ("bf16", "bf16"): "bf16_dpbf16", ("fp8", "fp32"): "fp8_avx512",
                     ("nvfp4", "fp32"): "nvfp4_avx2"},
 }
-ROWS_KERNELS = 16  # rows_dot kernels (isa.cpp all_rows_kernels), listed first
+ROWS_KERNELS = 17  # rows_dot kernels (isa.cpp all_rows_kernels), listed first
 
 
 def _counts() -> dict[str, int]:
@@ -44,6 +49,7 @@ def test_kernel_table_names_every_variant():
     assert len(names) == len(set(names)) == ROWS_KERNELS + 6
     assert {i for _, i, _ in table} == {"scalar", "avx2", "avx512", "avx512_bf16"}
     expected = {k for per_isa in EXPECTED.values() for k in per_isa.values()}
+    expected.add("q8_avx512_vnni")  # listed on every CPU, run only with AVX512_VNNI
     # the rows_dot kernels first, then the decode attention cores and delta-rule steps
     # (tests/ops/test_attention_decode.py, tests/ops/test_gdn_decode.py)
     assert expected == set(names[:ROWS_KERNELS])

@@ -167,6 +167,30 @@ def test_bf16_input_and_nan_rows(isa):
     assert relative_rms_error(ref[keep], out[keep]) <= Q8_ACCUMULATION_TOLERANCE
 
 
+AVX512 = [isa for isa in ISAS if isa.startswith("avx512")]
+
+
+@pytest.mark.skipif(not AVX512 or "avx2" not in ISAS, reason="needs the avx2 and avx512 variants")
+@pytest.mark.parametrize("fmt,kwargs", VARIANTS + [("q4g", dict(group_size=96, symmetric=False))],
+                         ids=VARIANT_IDS + ["q4g-zeros-g96"])
+@pytest.mark.parametrize("t,h,i,n,k", [(1, 2048, 768, 4, 4), (1, 256, 160, 5, 2),
+                                       (3, 96, 288, 7, 3), (17, 800, 96, 6, 2),
+                                       (64, 512, 544, 4, 2)])
+def test_avx512_variants_are_bit_identical_to_avx2(fmt, kwargs, t, h, i, n, k):
+    """The avx512 variants' q8 kernel (vpdpbusd with AVX512_VNNI, else the AVX2 code) gives the
+    AVX2 kernel's outputs bit for bit: block sums are exact integers and the floating-point steps
+    are shared. Shapes with full and partial 256-column chunks (H 800 = 3 chunks + 4 blocks,
+    I 544 = 2 + 1 block, 96 and 160 only partial ones), one to 64 tokens."""
+    g = kwargs.get("group_size", 32)
+    h, i = -(-h // g) * g, -(-i // g) * g  # whole quantisation groups
+    banks = _banks(fmt, kwargs, n, h, i, seed=11)
+    x = torch.randn(t, h, generator=torch.Generator().manual_seed(t * h))
+    tri = _topk_triples(t, n, k, seed=t + 1)
+    want = cpu_moe_banks(x, *tri, banks, isa="avx2", activations="q8")
+    for isa in AVX512:
+        assert torch.equal(cpu_moe_banks(x, *tri, banks, isa=isa, activations="q8"), want), isa
+
+
 def test_quantizer_hand_checked_example():
     """d = absmax / 127 and round-half-even(v / d), checked by hand on four blocks."""
     v = torch.zeros(1, 128)

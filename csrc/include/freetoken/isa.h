@@ -47,6 +47,10 @@ std::vector<Isa> supported_isas();
 // The best supported variant.
 Isa best_isa();
 
+// Whether the CPU reports AVX512_VNNI (with the avx512 variant's features): the q8 kernel of
+// the avx512 variants needs it.
+bool cpu_has_avx512_vnni();
+
 // Order in which a variant reads the k values of its fp32 vectors (the weights keep their stored
 // order). A variant whose weight decode naturally yields columns in another order asks for the
 // vectors in that order, so the permutation is paid once per vector, not once per weight row.
@@ -141,6 +145,7 @@ void rows_dot_nvfp4_avx2(const RowsDotArgs& a);    // AVX2 + F16C, kNibble16
 // weight is w_int * w_scale (mxfp4: 2 * e2m1 and 2^(s - 128); q4g: c - z and the fp16 scale).
 void rows_dot_q8_scalar(const RowsDotArgs& a);   // kMxfp4 and kQ4g, Q8Layout::kNatural
 void rows_dot_q8_avx2(const RowsDotArgs& a);     // kMxfp4 and kQ4g, Q8Layout::kPair64
+void rows_dot_q8_avx512(const RowsDotArgs& a);   // AVX512_VNNI, bit-identical to q8_avx2
 
 // One implementation of the primitive: its function, the layout of the fp32 vectors it reads
 // (unused by the q8 kernels, which read Q8Layout q8_layout_for(isa)), its stable name (reported
@@ -157,8 +162,9 @@ struct RowsKernel {
 //   kFp32 and kBf16: scalar -> *_scalar; avx2 -> *_avx2; avx512 and avx512_bf16 -> bf16_avx512 /
 //     f32_avx512 for dense weights, q4_avx2 for 4-bit ones; except kBf16 with bf16 weights on
 //     avx512_bf16 -> bf16_dpbf16.
-//   kQ8: q8_scalar on scalar, q8_avx2 on every other variant; throws std::invalid_argument for a
-//     dense format.
+//   kQ8: q8_scalar on scalar, q8_avx2 on avx2, q8_avx512_vnni on avx512 and avx512_bf16 when the
+//     CPU reports AVX512_VNNI (cpu_has_avx512_vnni), else q8_avx2; throws std::invalid_argument
+//     for a dense format.
 //   kFp8 weights: fp8_scalar on scalar, fp8_avx2 on avx2, fp8_avx512 on avx512 and
 //     avx512_bf16; kNvfp4: nvfp4_scalar on scalar, nvfp4_avx2 on every other variant; both with
 //     kFp32 activations only (std::invalid_argument otherwise).
