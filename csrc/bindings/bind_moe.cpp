@@ -355,6 +355,9 @@ void bind_moe(py::module_& m) {
   m.def("num_threads", [] { return runner().num_threads(); },
         "Worker threads of the process-wide pool (starts it).");
   m.def("physical_cores", &physical_core_count, "Physical cores in this process's affinity mask.");
+  m.def("cpu_has_avx512_vnni", &cpu_has_avx512_vnni,
+        "Whether the CPU reports AVX512_VNNI with the avx512 variant's features (the "
+        "q8_avx512_vnni kernel needs it).");
   m.def("supported_isas", [] {
     std::vector<std::string> names;
     for (Isa s : supported_isas()) names.emplace_back(isa_name(s));

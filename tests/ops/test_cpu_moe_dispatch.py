@@ -10,12 +10,18 @@ import pytest
 import torch
 
 from freetoken.ops.cpu_moe import build_banks
-from freetoken.ops.cpu_moe.cpu import cpu_moe_banks, kernels, supported_isas
+from freetoken.ops.cpu_moe.cpu import (
+    cpu_has_avx512_vnni,
+    cpu_moe_banks,
+    kernel_runnable,
+    kernels,
+    supported_isas,
+)
 
 ISAS = supported_isas()
 # The avx512 variants' q8 kernel needs AVX512_VNNI as well (isa.h rows_kernel_for).
 VNNI = "avx512_vnni" in Path("/proc/cpuinfo").read_text().split()
-Q8_AVX512 = "q8_avx512_vnni" if VNNI else "q8_avx2"
+Q8_AVX512 = "q8_avx512_vnni" if "avx512" in ISAS and VNNI else "q8_avx2"
 
 # (isa, format, activations) -> the kernel(s) it must run, from isa.h.
 EXPECTED = {
@@ -41,6 +47,12 @@ ROWS_KERNELS = 17  # rows_dot kernels (isa.cpp all_rows_kernels), listed first
 
 def _counts() -> dict[str, int]:
     return {name: calls for name, _, calls in kernels()}
+
+
+def test_vnni_detection_agrees_with_the_cpu_flags():
+    assert cpu_has_avx512_vnni() == ("avx512" in ISAS and VNNI)
+    assert kernel_runnable("q8_avx512_vnni", "avx512") == ("avx512" in ISAS and VNNI)
+    assert kernel_runnable("q8_avx2", "avx2") == ("avx2" in ISAS)
 
 
 def test_kernel_table_names_every_variant():

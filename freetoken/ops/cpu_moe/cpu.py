@@ -244,6 +244,18 @@ def quantize_q8(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return _ext.quantize_q8(v)
 
 
+def cpu_has_avx512_vnni() -> bool:
+    """Whether the CPU reports AVX512_VNNI as well as the avx512 variant's features: the avx512
+    variants then run the ``q8_avx512_vnni`` kernel for int8 activations, else ``q8_avx2``."""
+    return bool(_ext.cpu_has_avx512_vnni())
+
+
+def kernel_runnable(name: str, isa: str) -> bool:
+    """Whether this CPU can run the kernel ``name`` listed for ISA variant ``isa`` by
+    :func:`kernels` (the variant is supported, and AVX512_VNNI for ``q8_avx512_vnni``)."""
+    return isa in supported_isas() and (name != "q8_avx512_vnni" or cpu_has_avx512_vnni())
+
+
 def supported_isas() -> tuple[str, ...]:
     """ISA variants this CPU can run, best last (``"scalar"`` is always first)."""
     return tuple(_ext.supported_isas())
