@@ -15,7 +15,7 @@ checkpoint_saves       ``freetoken_prefix_checkpoint_saves_total``   counter
 checkpoint_loads       ``freetoken_prefix_checkpoint_loads_total``   counter
 checkpoint_evictions   ``freetoken_prefix_checkpoint_evictions_total``  counter
 cached_tokens          ``freetoken_prompt_tokens_cached_total``      counter
-computed_tokens        ``freetoken_prompt_tokens_total``             counter
+computed_tokens        ``freetoken_prompt_tokens_recomputed_total``  counter
 requests_added         ``freetoken_requests_added_total``            counter
 checkpoints_device     ``freetoken_prefix_checkpoint_device_count``  gauge
 checkpoints_host       ``freetoken_prefix_checkpoint_host_count``    gauge
@@ -42,7 +42,7 @@ COUNTERS = {
     "checkpoint_loads": "freetoken_prefix_checkpoint_loads_total",
     "checkpoint_evictions": "freetoken_prefix_checkpoint_evictions_total",
     "cached_tokens": "freetoken_prompt_tokens_cached_total",
-    "computed_tokens": "freetoken_prompt_tokens_total",
+    "computed_tokens": "freetoken_prompt_tokens_recomputed_total",
     "requests_added": "freetoken_requests_added_total",
 }
 GAUGES = {

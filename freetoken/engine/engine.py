@@ -146,11 +146,7 @@ class Engine:
             self.runner.release(key)
         if batch is None:
             return False
-        for work in batch.entries:
-            if work.new_state:
-                req = self.scheduler.get(work.request_key)
-                if req is not None and req.num_admissions == 1:
-                    self._book.on_admitted(req.num_cached_tokens)
+        self._mark_started(batch.entries)
         outputs = self.runner.execute(batch)
         for work, output in zip(batch.entries, outputs):
             try:
@@ -160,6 +156,30 @@ class Engine:
                 self._finish(work.request_key, "error", f"{type(exc).__name__}: {exc}")
         self._refresh_prefix_stats(force=not self.scheduler.has_unfinished())
         return True
+
+    def _mark_started(self, entries: tuple[SeqWork, ...]) -> None:
+        """Stamp the first step of requests that run for the first time (their queue time and
+        whole prompt are counted once, not again after a preemption)."""
+        now = time.perf_counter()
+        for work in entries:
+            if not work.new_state:
+                continue
+            req = self.scheduler.get(work.request_key)
+            if req is not None and req.first_scheduled_time is None:
+                req.first_scheduled_time = now
+                self._book.on_started(req.num_prompt_tokens, req.num_cached_tokens,
+                                      now - req.arrival_time)
+
+    def _observe_token(self, req: EngineRequest) -> None:
+        """Latency of the token ``req`` just sampled: TTFT and prefill speed for its first,
+        the gap since the previous one for the others."""
+        if len(req.output_ids) > 1:
+            self._book.on_next_token(req.inter_token_s)
+            return
+        started = req.first_scheduled_time if req.first_scheduled_time is not None else \
+            req.arrival_time
+        self._book.on_first_token(req.first_token_time - req.arrival_time,
+                                  req.num_prefilled_tokens, req.first_token_time - started)
 
     def _refresh_prefix_stats(self, force: bool = False) -> None:
         """Copy the prefix cache's stats for ``/metrics`` (an O(nodes) walk: at most every
@@ -184,6 +204,7 @@ class Engine:
                            output.token_id is not None)
         if output.token_id is None:
             return
+        self._observe_token(req)
         chunk = self._processors[req.key].on_token(output)
         if chunk.finish_reason is not None:
             self._retire(req.key, chunk.finish_reason)

@@ -37,7 +37,11 @@ class EngineRequest:
         num_computed_tokens: ids of ``prompt + output`` already consumed by the model state.
         status: lifecycle state.
         arrival_time: ``time.perf_counter()`` seconds when the engine received the request.
+        first_scheduled_time: ``time.perf_counter()`` seconds when its first step started
+            (after scheduling, before the model ran), or None while it has not run.
         first_token_time: when the first output token was sampled, or None.
+        last_token_time: when the latest output token was sampled, or None.
+        inter_token_s: seconds between the two latest sampled tokens, or None before the second.
         finish_time: when it finished, or None.
         num_cached_tokens: prompt ids reused from the prefix cache at first admission (reported
             as ``cached_tokens`` / ``cache_read_input_tokens``).
@@ -55,7 +59,10 @@ class EngineRequest:
     num_computed_tokens: int = 0
     status: RequestStatus = RequestStatus.WAITING
     arrival_time: float = field(default_factory=time.perf_counter)
+    first_scheduled_time: float | None = None
     first_token_time: float | None = None
+    last_token_time: float | None = None
+    inter_token_s: float | None = None
     finish_time: float | None = None
     num_cached_tokens: int = 0
     num_prefilled_tokens: int = 0
@@ -83,9 +90,14 @@ class EngineRequest:
         return head + tuple(self.output_ids[max(start - n, 0) : stop - n])
 
     def append_token(self, token_id: int) -> None:
-        """Record a sampled token (and the time to first token on the first one)."""
+        """Record a sampled token and its time (the first one's, or the gap since the
+        previous one)."""
+        now = time.perf_counter()
         if self.first_token_time is None:
-            self.first_token_time = time.perf_counter()
+            self.first_token_time = now
+        else:
+            self.inter_token_s = now - self.last_token_time
+        self.last_token_time = now
         self.output_ids.append(token_id)
 
     def log_finish(self, reason: FinishReason) -> None:

@@ -1,5 +1,6 @@
 """``GET /metrics`` in the Prometheus text exposition format (version 0.0.4), without a client
-library: engine counters, and the offloaded MoE runtime's cache gauges and per-layer counters.
+library: engine counters and latency histograms, and the offloaded MoE runtime's cache gauges and
+per-layer counters.
 
 Every family is written as ``# HELP``, ``# TYPE`` and its samples; families without samples
 (a bandwidth that was never profiled) are left out.
@@ -75,7 +76,12 @@ def _engine_lines(counters: EngineCounters, healthy: bool) -> list[str]:
         *family("freetoken_requests_finished_total", "counter",
                 "Requests finished, by finish reason.", finished),
         *family("freetoken_prompt_tokens_total", "counter",
-                "Prompt tokens run through the model.", [({}, counters.prompt_tokens)]),
+                "Prompt tokens of the requests that started, counted whole at each request's "
+                "first step (cached plus to compute).", [({}, counters.prompt_tokens)]),
+        *family("freetoken_prompt_tokens_recomputed_total", "counter",
+                "Prompt tokens run through the model (not reused from the prefix cache; "
+                "recomputation after a preemption counts again).",
+                [({}, counters.prompt_tokens_recomputed)]),
         *family("freetoken_generation_tokens_total", "counter", "Tokens sampled.",
                 [({}, counters.generation_tokens)]),
         *family("freetoken_requests_running", "gauge", "Requests being computed.",
@@ -86,6 +92,20 @@ def _engine_lines(counters: EngineCounters, healthy: bool) -> list[str]:
                 "Prompt tokens reused from the prefix cache (radix tree + checkpoints).",
                 [({}, counters.cached_tokens)]),
         *_prefix_lines(counters.prefix),
+        *counters.time_to_first_token.render(
+            "freetoken_time_to_first_token_seconds",
+            "Seconds from a request's arrival in the engine to its first sampled token."),
+        *counters.inter_token_latency.render(
+            "freetoken_inter_token_latency_seconds",
+            "Seconds between consecutive sampled tokens of a request (one per token after the "
+            "first)."),
+        *counters.queue_time.render(
+            "freetoken_request_queue_time_seconds",
+            "Seconds from a request's arrival in the engine to the start of its first step."),
+        *counters.prefill_throughput.render(
+            "freetoken_prefill_tokens_per_second",
+            "Prefill speed per request in tokens/s: prompt tokens run through the model over the "
+            "seconds from its first step's start to its first sampled token."),
     ]
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from dataclasses import replace
 
 import pytest
 import torch
@@ -134,6 +135,17 @@ def test_loop_death_fails_pending_and_later_calls(start_engine) -> None:
     assert ran == []
 
 
+def _without_histograms(counters: EngineCounters) -> tuple[EngineCounters, tuple[int, ...]]:
+    """The counters with empty histograms, and the histograms' observation counts (TTFT,
+    inter-token, queue, prefill)."""
+    empty = EngineCounters()
+    counts = (counters.time_to_first_token.count, counters.inter_token_latency.count,
+              counters.queue_time.count, counters.prefill_throughput.count)
+    return replace(counters, time_to_first_token=empty.time_to_first_token,
+                   inter_token_latency=empty.inter_token_latency, queue_time=empty.queue_time,
+                   prefill_throughput=empty.prefill_throughput), counts
+
+
 def test_counters_count_requests_tokens_and_queue(start_engine) -> None:
     engine = Engine(RecurrentLM(V), tokenizer(), info(eos=()), max_num_batched_tokens=4)
     assert engine.counters() == EngineCounters()
@@ -143,22 +155,25 @@ def test_counters_count_requests_tokens_and_queue(start_engine) -> None:
     engine.add_request(2, request([3], max_tokens=5), chunks.append)
     assert engine.counters() == EngineCounters(requests_added=3, running=0, waiting=3)
     engine.step()  # first prefill chunk of request 0 (4 of 10 prompt tokens)
-    assert (engine.counters().prompt_tokens, engine.counters().running,
-            engine.counters().waiting) == (4, 1, 2)
-    engine.abort_request(2)
+    now = engine.counters()
+    assert (now.prompt_tokens, now.prompt_tokens_recomputed, now.running, now.waiting) == \
+        (10, 4, 1, 2)
+    assert _without_histograms(now)[1] == (0, 0, 1, 0)  # request 0 left the queue
+    engine.abort_request(2)  # never started: no prompt tokens, no queue time
     while engine.step():
         pass
-    assert engine.counters() == EngineCounters(
+    assert _without_histograms(engine.counters()) == (EngineCounters(
         requests_added=3, finished={"stop": 0, "length": 2, "abort": 1, "error": 0},
-        prompt_tokens=10 + 2, generation_tokens=3 + 5, running=0, waiting=0)
+        prompt_tokens=10 + 2, prompt_tokens_recomputed=10 + 2, generation_tokens=3 + 5,
+        running=0, waiting=0), (2, (3 - 1) + (5 - 1), 2, 2))
 
 
 def test_async_engine_exposes_the_counters(start_engine) -> None:
     engine = start_engine(RecurrentLM(V))
     asyncio.run(_collect(engine, request([1, 2, 3], max_tokens=4)))
-    assert engine.counters() == EngineCounters(
+    assert _without_histograms(engine.counters()) == (EngineCounters(
         requests_added=1, finished={"stop": 0, "length": 1, "abort": 0, "error": 0},
-        prompt_tokens=3, generation_tokens=4)
+        prompt_tokens=3, prompt_tokens_recomputed=3, generation_tokens=4), (1, 3, 1, 1))
 
 
 @pytest.mark.parametrize("arch", ["qwen3_moe"])

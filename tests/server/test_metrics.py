@@ -3,21 +3,36 @@ api key, the MoE snapshot taken between steps, a dead loop)."""
 
 from __future__ import annotations
 
-from freetoken.engine.counters import EngineCounters
+from freetoken.engine.counters import (INTER_TOKEN_BUCKETS_S, PREFILL_BUCKETS_TOK_S,
+                                       QUEUE_BUCKETS_S, TTFT_BUCKETS_S, EngineCounters)
+from freetoken.engine.histogram import Histogram, HistogramSnapshot
 from freetoken.offload.control import LayerStats
 from freetoken.server.metrics import render_metrics
 
 from tests.server.srv_moe import MIB, FakeMoe
 
+
+def _observed(bounds: tuple[float, ...], *values: float) -> HistogramSnapshot:
+    hist = Histogram(bounds)
+    for value in values:
+        hist.observe(value)
+    return hist.snapshot()
+
+
 COUNTERS = EngineCounters(
     requests_added=7,
     finished={"stop": 3, "length": 2, "abort": 1, "error": 0},
     prompt_tokens=1234,
+    prompt_tokens_recomputed=734,
     generation_tokens=99,
     running=1,
     waiting=0,
     cached_tokens=500,
     prefix={"kv_pages_free": 10, "checkpoint_saves": 4},
+    time_to_first_token=_observed(TTFT_BUCKETS_S, 0.0625, 0.375, 3.0),
+    inter_token_latency=_observed(INTER_TOKEN_BUCKETS_S, 0.03125, 0.03125, 0.125),
+    queue_time=_observed(QUEUE_BUCKETS_S, 0.0009765625, 0.75, 200.0),
+    prefill_throughput=_observed(PREFILL_BUCKETS_TOK_S, 1500.0, 40000.0),
 )
 LAYERS = (
     LayerStats(0, steps=10, hits=40, misses=20, fills=15, cpu_experts=5, evictions=3, q_sum=12,
@@ -39,9 +54,12 @@ freetoken_requests_finished_total{reason="stop"} 3
 freetoken_requests_finished_total{reason="length"} 2
 freetoken_requests_finished_total{reason="abort"} 1
 freetoken_requests_finished_total{reason="error"} 0
-# HELP freetoken_prompt_tokens_total Prompt tokens run through the model.
+# HELP freetoken_prompt_tokens_total Prompt tokens of the requests that started, counted whole at each request's first step (cached plus to compute).
 # TYPE freetoken_prompt_tokens_total counter
 freetoken_prompt_tokens_total 1234
+# HELP freetoken_prompt_tokens_recomputed_total Prompt tokens run through the model (not reused from the prefix cache; recomputation after a preemption counts again).
+# TYPE freetoken_prompt_tokens_recomputed_total counter
+freetoken_prompt_tokens_recomputed_total 734
 # HELP freetoken_generation_tokens_total Tokens sampled.
 # TYPE freetoken_generation_tokens_total counter
 freetoken_generation_tokens_total 99
@@ -60,6 +78,82 @@ freetoken_prefix_checkpoint_saves_total 4
 # HELP freetoken_prefix_kv_pages_free Prefix cache: kv pages free.
 # TYPE freetoken_prefix_kv_pages_free gauge
 freetoken_prefix_kv_pages_free 10
+# HELP freetoken_time_to_first_token_seconds Seconds from a request's arrival in the engine to its first sampled token.
+# TYPE freetoken_time_to_first_token_seconds histogram
+freetoken_time_to_first_token_seconds_bucket{le="0.025"} 0
+freetoken_time_to_first_token_seconds_bucket{le="0.05"} 0
+freetoken_time_to_first_token_seconds_bucket{le="0.1"} 1
+freetoken_time_to_first_token_seconds_bucket{le="0.25"} 1
+freetoken_time_to_first_token_seconds_bucket{le="0.5"} 2
+freetoken_time_to_first_token_seconds_bucket{le="1.0"} 2
+freetoken_time_to_first_token_seconds_bucket{le="2.5"} 2
+freetoken_time_to_first_token_seconds_bucket{le="5.0"} 3
+freetoken_time_to_first_token_seconds_bucket{le="10.0"} 3
+freetoken_time_to_first_token_seconds_bucket{le="20.0"} 3
+freetoken_time_to_first_token_seconds_bucket{le="40.0"} 3
+freetoken_time_to_first_token_seconds_bucket{le="80.0"} 3
+freetoken_time_to_first_token_seconds_bucket{le="120.0"} 3
+freetoken_time_to_first_token_seconds_bucket{le="+Inf"} 3
+freetoken_time_to_first_token_seconds_sum 3.4375
+freetoken_time_to_first_token_seconds_count 3
+# HELP freetoken_inter_token_latency_seconds Seconds between consecutive sampled tokens of a request (one per token after the first).
+# TYPE freetoken_inter_token_latency_seconds histogram
+freetoken_inter_token_latency_seconds_bucket{le="0.005"} 0
+freetoken_inter_token_latency_seconds_bucket{le="0.01"} 0
+freetoken_inter_token_latency_seconds_bucket{le="0.02"} 0
+freetoken_inter_token_latency_seconds_bucket{le="0.035"} 2
+freetoken_inter_token_latency_seconds_bucket{le="0.05"} 2
+freetoken_inter_token_latency_seconds_bucket{le="0.075"} 2
+freetoken_inter_token_latency_seconds_bucket{le="0.1"} 2
+freetoken_inter_token_latency_seconds_bucket{le="0.15"} 3
+freetoken_inter_token_latency_seconds_bucket{le="0.25"} 3
+freetoken_inter_token_latency_seconds_bucket{le="0.5"} 3
+freetoken_inter_token_latency_seconds_bucket{le="1.0"} 3
+freetoken_inter_token_latency_seconds_bucket{le="2.5"} 3
+freetoken_inter_token_latency_seconds_bucket{le="5.0"} 3
+freetoken_inter_token_latency_seconds_bucket{le="10.0"} 3
+freetoken_inter_token_latency_seconds_bucket{le="+Inf"} 3
+freetoken_inter_token_latency_seconds_sum 0.1875
+freetoken_inter_token_latency_seconds_count 3
+# HELP freetoken_request_queue_time_seconds Seconds from a request's arrival in the engine to the start of its first step.
+# TYPE freetoken_request_queue_time_seconds histogram
+freetoken_request_queue_time_seconds_bucket{le="0.001"} 1
+freetoken_request_queue_time_seconds_bucket{le="0.0025"} 1
+freetoken_request_queue_time_seconds_bucket{le="0.005"} 1
+freetoken_request_queue_time_seconds_bucket{le="0.01"} 1
+freetoken_request_queue_time_seconds_bucket{le="0.025"} 1
+freetoken_request_queue_time_seconds_bucket{le="0.05"} 1
+freetoken_request_queue_time_seconds_bucket{le="0.1"} 1
+freetoken_request_queue_time_seconds_bucket{le="0.25"} 1
+freetoken_request_queue_time_seconds_bucket{le="0.5"} 1
+freetoken_request_queue_time_seconds_bucket{le="1.0"} 2
+freetoken_request_queue_time_seconds_bucket{le="2.5"} 2
+freetoken_request_queue_time_seconds_bucket{le="5.0"} 2
+freetoken_request_queue_time_seconds_bucket{le="10.0"} 2
+freetoken_request_queue_time_seconds_bucket{le="30.0"} 2
+freetoken_request_queue_time_seconds_bucket{le="60.0"} 2
+freetoken_request_queue_time_seconds_bucket{le="120.0"} 2
+freetoken_request_queue_time_seconds_bucket{le="+Inf"} 3
+freetoken_request_queue_time_seconds_sum 200.7509765625
+freetoken_request_queue_time_seconds_count 3
+# HELP freetoken_prefill_tokens_per_second Prefill speed per request in tokens/s: prompt tokens run through the model over the seconds from its first step's start to its first sampled token.
+# TYPE freetoken_prefill_tokens_per_second histogram
+freetoken_prefill_tokens_per_second_bucket{le="10.0"} 0
+freetoken_prefill_tokens_per_second_bucket{le="25.0"} 0
+freetoken_prefill_tokens_per_second_bucket{le="50.0"} 0
+freetoken_prefill_tokens_per_second_bucket{le="100.0"} 0
+freetoken_prefill_tokens_per_second_bucket{le="250.0"} 0
+freetoken_prefill_tokens_per_second_bucket{le="500.0"} 0
+freetoken_prefill_tokens_per_second_bucket{le="1000.0"} 0
+freetoken_prefill_tokens_per_second_bucket{le="2500.0"} 1
+freetoken_prefill_tokens_per_second_bucket{le="5000.0"} 1
+freetoken_prefill_tokens_per_second_bucket{le="10000.0"} 1
+freetoken_prefill_tokens_per_second_bucket{le="25000.0"} 1
+freetoken_prefill_tokens_per_second_bucket{le="50000.0"} 2
+freetoken_prefill_tokens_per_second_bucket{le="100000.0"} 2
+freetoken_prefill_tokens_per_second_bucket{le="+Inf"} 2
+freetoken_prefill_tokens_per_second_sum 41500.0
+freetoken_prefill_tokens_per_second_count 2
 """
 
 MOE_TEXT = """\
@@ -139,7 +233,8 @@ def engine_part(text: str) -> str:
 
 def test_engine_counters_only_without_a_runtime() -> None:
     assert render_metrics(COUNTERS, None).splitlines() == ENGINE_TEXT.splitlines()
-    assert render_metrics(COUNTERS, None).endswith("0\n")
+    text = render_metrics(COUNTERS, None)
+    assert text.endswith("\nfreetoken_prefill_tokens_per_second_count 2\n")
 
 
 def test_moe_families_follow_the_engine_ones() -> None:
