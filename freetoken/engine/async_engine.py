@@ -29,6 +29,7 @@ from freetoken.core import EngineInfo, GenerationOutput, GenerationRequest
 from freetoken.engine.client import EngineClient, EngineDeadError
 from freetoken.engine.counters import EngineCounters
 from freetoken.engine.engine import Engine
+from freetoken.engine.recent import RequestTiming
 from freetoken.engine.validate import validate_request
 from freetoken.models.base import CausalLM
 from freetoken.tokenizer.tokenizer import Tokenizer
@@ -108,6 +109,7 @@ class AsyncEngine(EngineClient):
         )
         prefix = self._engine.prefix
         if prefix is not None:
+            self.kv_page_bytes = prefix.pool.layout.bytes_per_token() * prefix.pool.page_size
             fit = pool_context_limit(prefix.pool.num_slots, prefix.pool.page_size)
             if fit < info.max_model_len:
                 # a request must fit the KV pool whole: advertise that as the context length, so
@@ -261,6 +263,22 @@ class AsyncEngine(EngineClient):
     def counters(self) -> EngineCounters:
         """Request and token counters (read without waiting for the loop)."""
         return self._engine.counters()
+
+    def recent_requests(self) -> tuple[RequestTiming, ...]:
+        """The last finished requests, oldest first (read without waiting for the loop)."""
+        return self._engine.recent.snapshot()
+
+    async def prefix_checkpoint_depths(self, token_ids: tuple[int, ...]) -> tuple[int, ...] | None:
+        """Depths (tokens) of the checkpoints on ``token_ids``'s cached path (read on the loop
+        thread between steps); None with ``--no-prefix-reuse``.
+
+        Raises:
+            EngineDeadError: the loop has died or the engine is shut down.
+        """
+        prefix = self._engine.prefix
+        if prefix is None:
+            return None
+        return await self.run_between_steps(lambda: prefix.checkpoint_depths(token_ids))
 
     def shutdown(self, timeout: float = 10.0) -> None:
         """Abort every request, stop the loop thread and wait up to ``timeout`` seconds for it."""

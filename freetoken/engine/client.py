@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from freetoken.core import EngineInfo, GenerationOutput, GenerationRequest
 from freetoken.engine.counters import EngineCounters
+from freetoken.engine.recent import RequestTiming
 from freetoken.tokenizer.tokenizer import Tokenizer
 
 if TYPE_CHECKING:  # the offload package imports torch kernels; the protocol is only a type here
@@ -32,11 +33,14 @@ class EngineClient(ABC):
         tokenizer: the served model's tokenizer.
         moe: control surface of the offloaded MoE runtime (expert cache stats and resize), or
             None when the model runs without one (``--moe-backend resident``).
+        kv_page_bytes: bytes of one page of the paged KV pool (every attention layer's K and
+            V), or None without a prefix cache.
     """
 
     info: EngineInfo
     tokenizer: Tokenizer
     moe: MoeRuntimeControl | None = None
+    kv_page_bytes: int | None = None
 
     @abstractmethod
     def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationOutput]:
@@ -80,3 +84,18 @@ class EngineClient(ABC):
     def counters(self) -> EngineCounters:
         """Request and token counters for ``/metrics`` (this default: all zero)."""
         return EngineCounters()
+
+    def recent_requests(self) -> tuple[RequestTiming, ...]:
+        """The last finished requests with their TTFT and decode speed, oldest first (this
+        default: none)."""
+        return ()
+
+    async def prefix_checkpoint_depths(self, token_ids: tuple[int, ...]) -> tuple[int, ...] | None:
+        """Depths (tokens) of the recurrent-state checkpoints held on the cached path of
+        ``token_ids`` (see ``PrefixCache.checkpoint_depths``); None without a prefix cache (this
+        default).
+
+        Raises:
+            EngineDeadError: the engine loop is dead.
+        """
+        return None

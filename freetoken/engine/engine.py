@@ -26,6 +26,7 @@ from freetoken.engine.batch import ForwardOutput, SeqWork
 from freetoken.engine.counters import CounterBook, EngineCounters
 from freetoken.engine.detokenizer import DetokenizerFactory
 from freetoken.engine.output import RequestOutputProcessor
+from freetoken.engine.recent import RecentRequests
 from freetoken.engine.request import EngineRequest, OutputSink
 from freetoken.engine.runner import ModelRunner, model_device
 from freetoken.engine.scheduler import Scheduler, SchedulerConfig
@@ -81,6 +82,7 @@ class Engine:
         self._grammars = GrammarCompiler(tokenizer, info.eos_token_ids)
         self._processors: dict[int, RequestOutputProcessor] = {}
         self._book = CounterBook()
+        self.recent = RecentRequests()
         self._stats_at = 0.0
         self._refresh_prefix_stats(force=True)
 
@@ -232,6 +234,7 @@ class Engine:
         processor.req.finish_time = time.perf_counter()
         processor.req.log_finish(reason)
         self._book.on_finish(reason)
+        self.recent.add(processor.req, reason)
 
     def _emit(self, req: EngineRequest, chunk: GenerationOutput) -> None:
         try:

@@ -347,6 +347,16 @@ class PrefixCache:
         return {"cached_tokens": depth,
                 "checkpoints": sum(1 for node in path if node.checkpoint is not None)}
 
+    def checkpoint_depths(self, token_ids: Sequence[int]) -> tuple[int, ...]:
+        """Depths (tokens consumed) of the checkpoints held on the cached path of ``token_ids``,
+        shallowest first, without touching the cache.
+
+        Raises:
+            TypeError, ValueError: bad token ids.
+        """
+        _, path = self.tree.peek(token_ids)
+        return tuple(sorted(node.depth for node in path if node.checkpoint is not None))
+
     @property
     def num_requests(self) -> int:
         """Requests currently holding pages or locks."""

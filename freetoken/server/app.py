@@ -20,6 +20,7 @@ from freetoken.server.openai_routes import openai_router
 from freetoken.server.prompt import ParserFactory, PromptTemplate
 from freetoken.server.session_routes import session_router
 from freetoken.server.sessions import SessionStore
+from freetoken.server.ui_routes import mount_ui, status_router
 
 API_DESCRIPTION = (
     "OpenAI- and Anthropic-compatible serving of Mixture-of-Experts checkpoints for coding agents. "
@@ -63,7 +64,8 @@ def create_app(
     Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``,
     ``POST /v1/responses``, ``GET|DELETE /v1/responses/{id}``,
     ``POST /v1/messages``, ``POST /v1/messages/count_tokens``, ``GET /health``, ``GET|HEAD /``,
-    and the operator routes ``GET /metrics`` and ``GET|POST /v1/freetoken/memory``.
+    the operator routes ``GET /metrics``, ``GET|POST /v1/freetoken/memory`` and
+    ``GET /v1/freetoken/status``, and the operator page ``/ui/`` (static files).
     Every error (including unknown routes and bugs, see ``ErrorNetMiddleware``) is answered in
     the shape of the API its path belongs to (``/v1/messages*`` Anthropic, everything else
     OpenAI).
@@ -131,4 +133,6 @@ def create_app(
     app.include_router(anthropic_router(ctx))
     app.include_router(admin_router(ctx))
     app.include_router(session_router(ctx))
+    app.include_router(status_router(ctx))
+    mount_ui(app)
     return app

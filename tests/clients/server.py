@@ -25,11 +25,21 @@ SERVER_FAULTS = re.compile(r"Traceback \(most recent call last\)|Exception in AS
                            r"^ERROR:", re.MULTILINE)
 
 
-def free_port() -> int:
-    """A TCP port that was free on 127.0.0.1 a moment ago."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def free_port(candidates: range | None = None) -> int:
+    """A TCP port that was free on 127.0.0.1 a moment ago: any (the kernel's pick), or the first
+    free one of ``candidates``.
+
+    Raises:
+        RuntimeError: no port of ``candidates`` is free.
+    """
+    for port in candidates if candidates is not None else (0,):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return sock.getsockname()[1]
+    raise RuntimeError(f"no free port in {candidates}")
 
 
 @dataclass
@@ -48,16 +58,18 @@ class ServerProcess:
 
     @classmethod
     def start(cls, log_path: Path, *, served_model_name: str = "freetoken-tiny", max_output_tokens: int = 48,
-              timeout: float = 600.0, extra_args: tuple[str, ...] = ()) -> "ServerProcess":
+              timeout: float = 600.0, extra_args: tuple[str, ...] = (),
+              port: int | None = None) -> "ServerProcess":
         """Start ``python -m freetoken serve`` (this interpreter, repo root as cwd) with the default
         (embedded tiny) model and wait until ``GET /health`` is 200.
 
-        ``timeout`` (seconds) covers generating the tiny checkpoint on first use.
+        ``timeout`` (seconds) covers generating the tiny checkpoint on first use; ``port`` None
+        takes a free one (:func:`free_port`).
 
         Raises:
             RuntimeError: the process exited or did not become healthy in time (log tail included).
         """
-        port = free_port()
+        port = free_port() if port is None else port
         cmd = [sys.executable, "-m", "freetoken", "serve", "--port", str(port),
                "--served-model-name", served_model_name, "--max-output-tokens", str(max_output_tokens),
                *extra_args]
