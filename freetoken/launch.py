@@ -1,14 +1,28 @@
-"""``freetoken serve``: load a checkpoint, report progress, and run the HTTP server."""
+"""``freetoken serve``: bind, run the HTTP server at once, and load the checkpoint in the
+background while ``/health`` reports the progress."""
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import logging
+import os
 import signal
 import socket
 import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+    from freetoken.models.load_progress import LoadStep
+    from freetoken.offload.backend import MoeConfig
+    from freetoken.server.config import ServerConfig
+    from freetoken.server.loading import LoadState
 
 ENDPOINTS = (
     ("POST", "/v1/chat/completions", "OpenAI chat"),
@@ -256,16 +270,20 @@ def cache_settings(args: argparse.Namespace):
 def serve(args: argparse.Namespace) -> int:
     """Run the server until interrupted; returns the exit status.
 
-    Order: validate settings and bind the port (fail fast, exit status 2 with one
-    ``[freetoken] error: ...`` line), load the model while printing progress, then print the
-    model, the listen address and the API endpoints, then serve.
+    Order: validate settings, bind the port and read the checkpoint's config (fail fast, exit
+    status 2 with one ``[freetoken] error: ...`` line), print the listen address and the API
+    endpoints, then serve at once while a background thread loads the model (``/health`` 503
+    with the progress until it is ready, see ``freetoken.server.loading``). A load that fails
+    prints ``[freetoken] error: cannot load ...`` and stops the server: exit status 2 (1 for an
+    unexpected exception, with its traceback in the log).
     """
     import torch
     import uvicorn
 
-    from freetoken.engine.async_engine import AsyncEngine
-    from freetoken.server.app import create_app
+    from freetoken.engine.async_engine import check_max_model_len
+    from freetoken.models.config import ModelConfig
     from freetoken.server.config import ServerConfig
+    from freetoken.server.loading import LoadingApp, LoadState
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -287,27 +305,23 @@ def serve(args: argparse.Namespace) -> int:
         _say(f"error: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}")
         return 2
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
-    started = time.perf_counter()
     _say(f"loading {path} ({args.dtype}, {args.device})")
-    try:
-        moe, bandwidths = moe_settings(args, path, moe)
-        engine = AsyncEngine.from_pretrained(
-            path, dtype=dtype, device=args.device, max_model_len=args.max_model_len,
-            progress=_say, moe=moe, bandwidths=bandwidths, record_routing=args.record_routing,
-            cache=cache_settings(args), max_num_batched_tokens=args.max_num_batched_tokens)
+    try:  # the config alone: an unsupported model or context is refused before serving
+        check_max_model_len(ModelConfig.from_file(path), path, args.max_model_len)
     except (FileNotFoundError, ValueError) as exc:
         sock.close()
         _say(f"error: cannot load {path}: {exc}")
         return 2
-    info = engine.info
-    _say(f"loaded {info.model_type} in {time.perf_counter() - started:.1f}s: "
-         f"vocab {info.vocab_size}, context {info.max_model_len} tokens")
-    app = create_app(engine, config)
+    state = LoadState()
+    load = BackgroundLoad(args, path, moe, dtype, config, state)
+    server = uvicorn.Server(uvicorn.Config(LoadingApp(state, config, start=load.start),
+                                           log_level=args.log_level))
+    load.on_failure = lambda: setattr(server, "should_exit", True)
     base = base_url(args.host, sock.getsockname()[1])
-    _say(f"model '{name}' listening on {base}")
+    _say(f"model '{name}' listening on {base} (GET /health answers 503 with the load progress "
+         "until the model is ready)")
     for method, route, what in ENDPOINTS:
         _say(f"  {method:4} {base}{route}  ({what})")
-    server = uvicorn.Server(uvicorn.Config(app, log_level=args.log_level))
     signal.signal(signal.SIGTERM, _interrupt)  # uvicorn re-raises it after a graceful shutdown
     try:
         server.run(sockets=[sock])
@@ -315,10 +329,106 @@ def serve(args: argparse.Namespace) -> int:
         _say("stopped")
     finally:
         sock.close()
-        close = getattr(engine, "shutdown", None)
-        if close is not None:
-            close()
-    return 0
+        load.stop()
+    return load.exit_status
+
+
+class BackgroundLoad:
+    """``AsyncEngine.from_pretrained`` and ``create_app`` in a daemon thread, reporting to a
+    :class:`~freetoken.server.loading.LoadState`.
+
+    Torch and the engine do not need the main thread: the engine already runs the model on its
+    own loop thread, and the loader only allocates and copies tensors. ``on_failure`` is called
+    (from the loader thread) after a failed load printed its error; ``exit_status`` is then 2
+    (1 for an unexpected exception), else 0.
+    """
+
+    def __init__(self, args: argparse.Namespace, path: Path, moe: MoeConfig, dtype: torch.dtype,
+                 config: ServerConfig, state: LoadState) -> None:
+        self.args, self.path, self.moe, self.dtype = args, path, moe, dtype
+        self.config, self.state = config, state
+        self.on_failure: Callable[[], None] = lambda: None
+        self.exit_status = 0
+        self.engine = None  # the loaded AsyncEngine; stop() shuts it down once it serves
+        self._thread = threading.Thread(target=self._run, name="freetoken-load", daemon=True)
+
+    def start(self) -> None:
+        """Start loading (once)."""
+        if not self._thread.is_alive() and self._thread.ident is None:
+            self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Cancel a load still running (at its next tensor), wait up to ``timeout`` seconds for
+        the thread, and shut the engine down when one was built."""
+        self.state.close()
+        if self._thread.ident is not None:
+            self._thread.join(timeout)
+        if self.state.app is not None and self.engine is not None:  # else the loader owns it
+            self.engine.shutdown()
+
+    def _run(self) -> None:
+        from freetoken.server.loading import LoadCancelled
+
+        try:
+            self._load()
+            return
+        except LoadCancelled:
+            return
+        except (FileNotFoundError, ValueError) as exc:
+            message, self.exit_status = f"cannot load {self.path}: {exc}", 2
+        except Exception as exc:  # noqa: BLE001 - the process must still exit, not hang
+            logging.getLogger("freetoken.server").exception("loading %s failed", self.path)
+            message, self.exit_status = f"cannot load {self.path}: {type(exc).__name__}: {exc}", 1
+        _say(f"error: {message}")
+        self.state.fail(message)
+        self.on_failure()
+
+    def _load(self) -> None:
+        from freetoken.engine.async_engine import AsyncEngine
+        from freetoken.server.app import create_app
+
+        args, state = self.args, self.state
+        started = time.perf_counter()
+        state.set_stage("profile")
+        moe, bandwidths = moe_settings(args, self.path, self.moe)
+        engine = AsyncEngine.from_pretrained(
+            self.path, dtype=self.dtype, device=args.device, max_model_len=args.max_model_len,
+            progress=_say, moe=moe, bandwidths=bandwidths, record_routing=args.record_routing,
+            cache=cache_settings(args), max_num_batched_tokens=args.max_num_batched_tokens,
+            on_stage=state.set_stage, on_step=_test_delay(state.step))
+        try:
+            app = create_app(engine, self.config)
+        except BaseException:
+            engine.shutdown()
+            raise
+        self.engine = engine
+        if not state.finish(app):  # the server stopped meanwhile
+            engine.shutdown()
+            return
+        info = engine.info
+        _say(f"loaded {info.model_type} in {time.perf_counter() - started:.1f}s: "
+             f"vocab {info.vocab_size}, context {info.max_model_len} tokens")
+        _say(f"model '{self.config.served_model_name}' ready")
+
+
+# Test-only: seconds the loader sleeps after reading the first tensor, so a test can see the
+# server answer while it loads. Read by the loader thread only; never set it in production.
+TEST_LOAD_DELAY_ENV = "FREETOKEN_TEST_LOAD_DELAY_S"
+
+
+def _test_delay(step: Callable[[LoadStep], None]) -> Callable[[LoadStep], None]:
+    """``step``, sleeping ``$FREETOKEN_TEST_LOAD_DELAY_S`` seconds after its first call."""
+    delay = float(os.environ.get(TEST_LOAD_DELAY_ENV) or 0)
+    if delay <= 0:
+        return step
+    calls = itertools.count()
+
+    def delayed(s: LoadStep) -> None:
+        step(s)
+        if next(calls) == 0:
+            time.sleep(delay)
+
+    return delayed
 
 
 if __name__ == "__main__":  # pragma: no cover

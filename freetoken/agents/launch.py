@@ -1,6 +1,8 @@
-"""``freetoken launch AGENT [--server URL] [--model NAME] [--api-key KEY] [--dry-run] [-- ARGS...]``.
+"""``freetoken launch AGENT [--server URL] [--model NAME] [--api-key KEY] [--wait S] [--dry-run]
+[-- ARGS...]``.
 
-Discovers the served model, builds the agent's provider settings (``plan.plan_launch``), then either
+Waits while the server is still loading its model (``ready.wait_until_loaded``: a progress line on
+stderr), discovers the served model, builds the agent's provider settings (``plan.plan_launch``), then either
 prints them (``--dry-run``: nothing is written, nothing is started) or writes the agent's config file
 into FreeToken's own config folder and replaces this process with the agent (``os.execve``), so the
 agent owns the terminal, its signals and its exit status. Failures print one
@@ -14,10 +16,11 @@ import os
 import shlex
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from freetoken.agents.plan import AGENTS, LaunchPlan, plan_launch
+from freetoken.agents.ready import DEFAULT_WAIT_S
 
 PROG = "freetoken launch"
 ERROR_STATUS = 2
@@ -42,7 +45,7 @@ def add_launch_parser(sub: argparse._SubParsersAction) -> None:
     """Register the ``launch`` sub-command on ``freetoken``'s sub-parsers."""
     p = sub.add_parser(
         "launch", help="run a coding agent against a FreeToken server",
-        usage=f"{PROG} [-h] [--server URL] [--model NAME] [--api-key KEY] [--dry-run] "
+        usage=f"{PROG} [-h] [--server URL] [--model NAME] [--api-key KEY] [--wait S] [--dry-run] "
               f"{{{','.join(sorted(AGENTS))}}} [-- ARGS...]",
         description="Point a coding agent at a FreeToken server (model, limits and timeouts from "
                     "GET /v1/models; cloud API keys removed from its environment) and start it.",
@@ -55,12 +58,34 @@ def add_launch_parser(sub: argparse._SubParsersAction) -> None:
                    help="served model to use (default: the only one GET /v1/models lists)")
     p.add_argument("--api-key", default=None, metavar="KEY",
                    help="the server's API key (default $FREETOKEN_API_KEY, else a placeholder)")
+    p.add_argument("--wait", type=float, default=DEFAULT_WAIT_S, metavar="S",
+                   help="seconds to wait for a server still loading its model "
+                        f"(default {DEFAULT_WAIT_S:.0f})")
     p.add_argument("--dry-run", action="store_true",
                    help="print the environment, config file and command; write and start nothing")
 
 
 def _say(message: str) -> None:
     print(f"{PROG}: {message}", file=sys.stderr, flush=True)
+
+
+def _show_load(terminal: bool) -> Callable[[str, bool], None]:
+    """A ``wait_until_loaded`` progress printer: one line rewritten in place on a terminal, else
+    a line per stage."""
+    shown = [""]
+
+    def show(line: str, last: bool) -> None:
+        text = "model loaded" if last else f"waiting for the server to load its model: {line}"
+        if terminal:
+            sys.stderr.write(f"\r{PROG}: {text}\x1b[K" + ("\n" if last else ""))
+            sys.stderr.flush()
+            return
+        stage = line.split(" ")[0].rstrip(",")
+        if last or stage != shown[0]:
+            shown[0] = stage
+            _say(text)
+
+    return show
 
 
 def describe(plan: LaunchPlan) -> str:
@@ -104,10 +129,12 @@ def write_config(path: Path, text: str) -> None:
 def _plan(args: argparse.Namespace, agent_args: list[str], environ: Mapping[str, str]) -> LaunchPlan:
     """Discover the model and build the plan; notes about assumed limits go to stderr."""
     from freetoken.agents.discover import discover
+    from freetoken.agents.ready import wait_until_loaded
     from freetoken.agents.target import resolve_target
     from freetoken.ctl import server_url
 
     server = server_url(args.server)
+    wait_until_loaded(server, args.wait, show=_show_load(sys.stderr.isatty()))
     api_key = args.api_key or environ.get("FREETOKEN_API_KEY") or None
     target, notes = resolve_target(discover(server, args.model, api_key), api_key)
     for note in notes:

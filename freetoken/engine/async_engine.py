@@ -35,6 +35,7 @@ from freetoken.models.base import CausalLM
 from freetoken.tokenizer.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
+    from freetoken.models.load_progress import LoadStep
     from freetoken.offload.control import MoeRuntimeControl
 
 T = TypeVar("T")
@@ -70,6 +71,18 @@ def pool_context_limit(num_slots: int, page_size: int) -> int:
     (at least 1 token is always allowed).
     """
     return max(1, num_slots - 2 * page_size)
+
+
+def check_max_model_len(config, path: Path, max_model_len: int | None) -> int:
+    """The config's ``max_position_embeddings`` (the default and upper bound of the context).
+
+    Raises:
+        ValueError: ``max_model_len`` is set and outside ``[2, max_position_embeddings]``.
+    """
+    limit = config.max_position_embeddings
+    if max_model_len is not None and not 2 <= max_model_len <= limit:
+        raise ValueError(f"max_model_len must be in [2, {limit}] for {path}, got {max_model_len}")
+    return limit
 
 
 class AsyncEngine(EngineClient):
@@ -138,6 +151,8 @@ class AsyncEngine(EngineClient):
         bandwidths: tuple[float, float] | None = None,
         record_routing: str | Path | None = None,
         cache=None,
+        on_stage: Callable[[str], None] | None = None,
+        on_step: Callable[[LoadStep], None] | None = None,
     ) -> "AsyncEngine":
         """Load a checkpoint directory (weights, config and tokenizer) and start the engine.
 
@@ -153,6 +168,10 @@ class AsyncEngine(EngineClient):
             bandwidths: profiled ``(B_P, B_H)`` GB/s for the hybrid miss split.
             record_routing: write every MoE layer's top-k ids to this ``.npz`` (at shutdown).
             cache: KV pool / checkpoint / batching settings (``CacheConfig``; None: defaults).
+            on_stage: called with each load stage as it starts: ``"tokenizer"``, ``"weights"``
+                (building the model and reading the checkpoint), ``"experts"`` (every tensor
+                read: expert banks quantised, pinned and cached), ``"engine"`` (KV pool, loop).
+            on_step: called with a :class:`LoadStep` after every tensor read (bytes so far).
 
         Raises:
             FileNotFoundError, ValueError: from the model loader or tokenizer (missing files,
@@ -165,20 +184,31 @@ class AsyncEngine(EngineClient):
         from freetoken.offload.resident import resident_experts
 
         say = progress or (lambda _message: None)
+        stage = on_stage or (lambda _name: None)
         path = Path(path)
         config = ModelConfig.from_file(path)
-        limit = config.max_position_embeddings
-        if max_model_len is not None and not 2 <= max_model_len <= limit:
-            raise ValueError(f"max_model_len must be in [2, {limit}] for {path}, got {max_model_len}")
+        limit = check_max_model_len(config, path, max_model_len)
+        stage("tokenizer")
         say(f"reading tokenizer from {path}")
         tokenizer = Tokenizer.from_pretrained(path)
         say(f"loading {config.model_type} weights ({config.num_hidden_layers} layers, "
             f"{config.num_experts} experts per MoE layer)")
         started = time.perf_counter()
-        reporter = load_reporter(say, terminal=progress is not None and sys.stderr.isatty())
+        stage("weights")
+        reporter = load_reporter(say, terminal=sys.stderr.isatty()) if progress is not None else None
+
+        def step(s: LoadStep) -> None:
+            if reporter is not None:
+                reporter(s)
+            if on_step is not None:
+                on_step(s)
+            if s.done_bytes == s.total_bytes:  # the rest of load_model places the experts
+                stage("experts")
+
         model = load_model(path, dtype=dtype, device=device, moe=moe, bandwidths=bandwidths,
-                           progress=reporter if progress is not None else None)
+                           progress=step if progress is not None or on_step or on_stage else None)
         say(f"weights loaded in {time.perf_counter() - started:.1f}s")
+        stage("engine")
         keep_freed_heap()  # the weights keep their mappings; a step's temporaries are reused
         runtime = getattr(model, "moe_runtime", None)
         if runtime is not None:

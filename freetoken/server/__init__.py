@@ -11,8 +11,9 @@ chat messages by ``openai_responses_input``) build a job in a worker thread: ``m
 (past Responses API responses live in ``openai_responses_store``); ``errors`` renders every
 failure in the API's own shape.
 
-Wiring (CLI, ``freetoken.launch``): ``create_app(engine, ServerConfig(...))``, then uvicorn on a
-socket bound before the model loaded.
+Wiring (CLI, ``freetoken.launch``): uvicorn serves ``loading.LoadingApp`` on a socket bound before
+the model loads (``/health`` 503 with the progress, every route 503 in its API's shape); the
+loader thread then hands every request to ``create_app(engine, ServerConfig(...))``.
 """
 
 from freetoken.server.app import create_app

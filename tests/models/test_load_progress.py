@@ -71,3 +71,28 @@ def test_off_a_terminal_one_line_per_shard() -> None:
                      "read shard 2/2: 3.00 GiB of 3.00 GiB in 2.0 s, 1.61 GB/s"]
     report(LoadStep(gib, gib, 1, 1, True))  # a single file: no line of its own
     assert len(lines) == 2
+
+
+def test_from_pretrained_reports_its_stages_and_bytes(tiny_checkpoint, tmp_path) -> None:
+    """The hooks ``freetoken serve`` feeds ``/health`` from: each stage once, in order (the offload
+    backend places its experts after the last tensor), and the bytes of every tensor read."""
+    from freetoken.engine.async_engine import AsyncEngine
+    from freetoken.offload.backend import MoeConfig
+
+    src, dst, _ = _sharded(tiny_checkpoint, tmp_path)
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        if (src / name).is_file():
+            shutil.copy(src / name, dst / name)
+    stages: list[str] = []
+    steps: list[LoadStep] = []
+    engine = AsyncEngine.from_pretrained(dst, moe=MoeConfig(backend="offload", cache="0.5"),
+                                         on_stage=stages.append, on_step=steps.append)
+    try:
+        assert stages == ["tokenizer", "weights", "experts", "engine"]
+        checkpoint = Checkpoint(dst)
+        total = sum(checkpoint.nbytes(n) for n in checkpoint.files)
+        assert steps[-1].done_bytes == steps[-1].total_bytes == total
+        assert [s.done_bytes for s in steps] == sorted(s.done_bytes for s in steps)
+        assert engine.is_healthy()
+    finally:
+        engine.shutdown()

@@ -259,7 +259,7 @@ def test_dry_run_prints_exact_settings_and_writes_nothing(agent: str, stub: Stub
     assert got["mkdir"] == (None if path is None else str(path.parent))
     assert got["comments"] == [f"# freetoken launch {agent}: dry run, nothing is written or started",
                                f"# server {stub.url}, model moe-test, context 65536 tokens, output 2048 tokens"]
-    assert stub.seen == [("/v1/models", None)]  # no key given: none sent
+    assert stub.seen == [("/health", None), ("/v1/models", None)]  # no key given: none sent
 
 
 def test_dry_run_names_the_install_command_of_a_missing_agent(stub: Stub, user: Path,
@@ -290,7 +290,7 @@ def test_server_and_key_from_the_environment_and_proxy_bypass(stub: Stub, user: 
     expected = _claude_env(stub.url, token="local-key")
     expected.update(NO_PROXY="example.com,.corp,127.0.0.1", no_proxy="example.com,.corp,127.0.0.1")
     assert got["export"] == expected
-    assert stub.seen == [("/v1/models", "Bearer local-key")]
+    assert stub.seen == [("/health", None), ("/v1/models", "Bearer local-key")]  # /health: no key
     assert main(["launch", "claude", "--dry-run", "--api-key", "flag-key"]) == 0
     assert stub.seen[-1] == ("/v1/models", "Bearer flag-key")
 

@@ -1,0 +1,143 @@
+"""``freetoken serve`` answers while the model loads: a real server subprocess on the embedded tiny
+model, slowed by the test-only ``FREETOKEN_TEST_LOAD_DELAY_S`` (the loader sleeps after its first
+tensor), then a checkpoint that fails to load after the port is bound."""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+from safetensors import safe_open
+
+from freetoken.launch import TEST_LOAD_DELAY_ENV
+from tests.clients.server import REPO_ROOT, ServerProcess, free_port
+
+DELAY_S = 12.0
+LOADING = r"the model is loading \(weights {pct}, \d+ s so far\); retry in 5 s"
+
+
+def _start(log_path: Path, *args: str, delay: float | None = None) -> ServerProcess:
+    port = free_port()
+    cmd = [sys.executable, "-m", "freetoken", "serve", "--port", str(port),
+           "--served-model-name", "tiny", "--max-output-tokens", "8", *args]
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env.pop(TEST_LOAD_DELAY_ENV, None)
+    if delay is not None:
+        env[TEST_LOAD_DELAY_ENV] = str(delay)
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT,
+                                start_new_session=True)
+    return ServerProcess(proc, port, log_path, "tiny", 8)
+
+
+def _health_while_loading(http: httpx.Client, server: ServerProcess) -> httpx.Response:
+    """The first ``/health`` answer that shows tensors being read (the loader then sleeps)."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        assert server.proc.poll() is None, server.log_tail()
+        try:
+            r = http.get("/health")
+        except httpx.TransportError:
+            time.sleep(0.1)
+            continue
+        assert r.status_code == 503, r.text
+        if r.json()["progress"]["done_bytes"] is not None:
+            return r
+        time.sleep(0.1)
+    raise AssertionError(f"never saw the weights stage:\n{server.log_tail()}")
+
+
+def _checkpoint_bytes(path: Path) -> int:
+    """Bytes of every tensor stored in ``path``'s single safetensors file (the tiny model loads
+    them all)."""
+    itemsize = {"BF16": 2, "F16": 2, "F32": 4}
+    total = 0
+    with safe_open(path / "model.safetensors", framework="pt") as f:
+        for name in f.keys():
+            piece = f.get_slice(name)
+            total += math.prod(piece.get_shape()) * itemsize[piece.get_dtype()]
+    return total
+
+
+def test_serve_answers_503_while_loading_then_serves(tmp_path: Path) -> None:
+    from freetoken.models.tiny import default_model_path
+
+    total = _checkpoint_bytes(default_model_path())
+    server = _start(tmp_path / "serve.log", delay=DELAY_S)
+    try:
+        with httpx.Client(base_url=server.base_url, timeout=30) as http:
+            r = _health_while_loading(http, server)
+            assert r.headers["retry-after"] == "5"
+            body = r.json()
+            progress = body["progress"]
+            done = progress["done_bytes"]
+            assert body == {"status": "loading", "progress": {
+                "stage": "weights", "elapsed_s": progress["elapsed_s"], "done_bytes": done,
+                "total_bytes": total, "fraction": round(done / total, 4)}}
+            assert 0 < done < total and 0 <= progress["elapsed_s"] < 120
+            pct = f"{done / total:.0%}"
+
+            chat = {"model": "tiny", "max_tokens": 4, "temperature": 0,
+                    "messages": [{"role": "user", "content": "hi"}]}
+            r = http.post("/v1/chat/completions", json=chat)
+            assert (r.status_code, r.headers["retry-after"]) == (503, "5")
+            err = r.json()["error"]
+            assert re.fullmatch(LOADING.format(pct=pct), err["message"]), err
+            assert err == {"message": err["message"], "type": "server_error", "param": None,
+                           "code": "model_loading"}
+
+            r = http.post("/v1/messages", json={"model": "tiny", "max_tokens": 4,
+                                                "messages": [{"role": "user", "content": "hi"}]})
+            assert (r.status_code, r.headers["retry-after"]) == (503, "5")
+            body = r.json()
+            assert body == {"type": "error", "error": {"type": "overloaded_error",
+                                                       "message": body["error"]["message"]}}
+            assert re.fullmatch(LOADING.format(pct=pct), body["error"]["message"]), body
+
+            server._wait_healthy(DELAY_S + 120)
+            r = http.get("/health")
+            assert (r.status_code, r.json()) == (200, {"status": "ok"})
+            r = http.post("/v1/chat/completions", json=chat)
+            assert r.status_code == 200, r.text
+            answer = r.json()
+            assert answer["object"] == "chat.completion" and answer["model"] == "tiny"
+            assert answer["usage"]["completion_tokens"] >= 1
+    finally:
+        code = server.stop()
+    log = server.log_tail(100_000)
+    assert code == 0, log
+    order = [log.find(m) for m in ("[freetoken] loading ", "listening on", "GET /health HTTP/1.1\" 503",
+                                   "[freetoken] loaded qwen3_next in ", "[freetoken] model 'tiny' ready",
+                                   "[freetoken] stopped")]
+    assert all(p >= 0 for p in order) and order == sorted(order), log
+
+
+def test_a_checkpoint_that_fails_after_binding_exits_2_with_the_error(tmp_path: Path) -> None:
+    from freetoken.models.tiny import default_model_path
+
+    bad = tmp_path / "truncated"
+    shutil.copytree(default_model_path(), bad)
+    weights = bad / "model.safetensors"
+    os.truncate(weights, weights.stat().st_size // 2)
+    server = _start(tmp_path / "serve.log", "--model", str(bad))
+    try:
+        code = server.proc.wait(120)
+    finally:
+        server.stop()
+    lines = server.log_tail(100_000).splitlines()
+    errors = [line for line in lines if line.startswith("[freetoken] error:")]
+    assert code == 2, "\n".join(lines)
+    assert errors == [
+        f"[freetoken] error: cannot load {bad}: {weights}: not a readable safetensors file "
+        "(truncated or corrupt: Error while deserializing header: incomplete metadata, file not "
+        "fully covered)"]
+    listening = next(i for i, line in enumerate(lines) if "listening on" in line)
+    assert listening < lines.index(errors[0])  # it failed after the port answered
+    assert not any("Traceback" in line for line in lines)
