@@ -15,9 +15,9 @@ from collections.abc import AsyncIterator
 from sse_starlette import ServerSentEvent
 
 from freetoken.server.anthropic_blocks import BlockBuilder
-from freetoken.server.anthropic_protocol import CountTokensRequest, MessagesRequest
+from freetoken.server.anthropic_protocol import EFFORTS, CountTokensRequest, MessagesRequest
 from freetoken.server.context import ChatJob, ServerContext, now
-from freetoken.server.errors import APIError, anthropic_error_body
+from freetoken.server.errors import APIError, anthropic_error_body, bad_request
 from freetoken.server.generation import (
     EngineFailure,
     Finish,
@@ -47,6 +47,20 @@ _BUDGET_LOW, _BUDGET_HIGH = 4096, 16384
 own cut points: Claude Code asks 31999 for its deepest thinking)."""
 
 
+def check_effort(req: CountTokensRequest) -> None:
+    """Reject an ``output_config.effort`` that is not one of Anthropic's levels (also when
+    thinking is off, where it is otherwise unused).
+
+    Raises:
+        APIError: 400 naming the field and the allowed levels.
+    """
+    config = req.output_config if isinstance(req.output_config, dict) else {}
+    if config.get("effort") is not None and config["effort"] not in EFFORTS:
+        levels = ", ".join(f"'{e}'" for e in EFFORTS[:-1]) + f" or '{EFFORTS[-1]}'"
+        raise bad_request(f"output_config.effort: Input should be {levels}",
+                          param="output_config.effort")
+
+
 def reasoning_effort(req: CountTokensRequest) -> str | None:
     """The harmony reasoning level a request asks for, or None (the template's default).
 
@@ -74,6 +88,7 @@ def render_request(
     Raises:
         APIError: 400 for bad blocks, tools or template errors.
     """
+    check_effort(req)
     policy = anthropic_tools(req)
     messages = from_anthropic(req.system, req.messages)
     if adapter is not None:

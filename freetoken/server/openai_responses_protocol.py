@@ -13,6 +13,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from freetoken.server.openai_protocol import ReasoningEffort
+
 
 class _Lenient(BaseModel):
     model_config = ConfigDict(extra="ignore")
@@ -40,7 +42,7 @@ class ReasoningConfig(_Lenient):
     """``reasoning``: ``effort`` (``none`` turns thinking off, any other level on); ``summary``
     is echoed (the model's reasoning is reported as it is, not summarised)."""
 
-    effort: str | None = None
+    effort: ReasoningEffort | None = None
     summary: str | None = None
 
 

@@ -175,7 +175,7 @@ def test_thinking_blocks_carry_signatures(srv, client, stream):
         (None, False),
         ({"type": "disabled"}, False),
         ({"type": "adaptive"}, True),
-        ({"type": "enabled", "budget_tokens": 10}, True),
+        ({"type": "enabled", "budget_tokens": 1024}, True),
     ],
 )
 def test_enable_thinking_decision(srv, thinking, expected):
