@@ -151,6 +151,8 @@ class Engine:
                 req = self.scheduler.get(work.request_key)
                 if req is not None and req.num_admissions == 1:
                     self._book.on_admitted(req.num_cached_tokens)
+                    if req.request.report_admission:
+                        self._emit(req, self._processors[req.key].admitted())
         outputs = self.runner.execute(batch)
         for work, output in zip(batch.entries, outputs):
             try:

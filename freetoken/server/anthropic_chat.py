@@ -1,7 +1,8 @@
 """``/v1/messages``: request → :class:`ChatJob`, and the job's output as a ``message`` object or as
 the Anthropic SSE event sequence (docs.anthropic.com "Messages" / "Streaming Messages"):
 
-``message_start`` (``usage.input_tokens`` = prompt tokens) → ``ping`` → content blocks (see
+``message_start`` (once the engine admitted the request; ``usage`` splits the prompt into
+``cache_read_input_tokens`` and ``input_tokens``) → ``ping`` → content blocks (see
 :mod:`freetoken.server.anthropic_blocks`) → ``message_delta`` (``stop_reason``,
 ``stop_sequence``, cumulative ``usage``) → ``message_stop``; a failure after the headers went out
 ends the stream with an ``error`` event.
@@ -19,6 +20,7 @@ from freetoken.server.anthropic_protocol import EFFORTS, CountTokensRequest, Mes
 from freetoken.server.context import ChatJob, ServerContext, now
 from freetoken.server.errors import APIError, anthropic_error_body, bad_request
 from freetoken.server.generation import (
+    Admitted,
     EngineFailure,
     Finish,
     close_quietly,
@@ -186,23 +188,39 @@ async def complete_message(ctx: ServerContext, job: ChatJob) -> dict:
     )
 
 
-async def stream_message(ctx: ServerContext, job: ChatJob) -> AsyncIterator[ServerSentEvent]:
-    """The SSE events of ``job`` in the documented order (see module docstring)."""
-    start_usage = {
-        "input_tokens": len(job.prompt.token_ids),
+def _start_usage(prompt_tokens: int, cached_tokens: int) -> dict:
+    return {
+        "input_tokens": prompt_tokens - cached_tokens,
         "output_tokens": 0,
         "cache_creation_input_tokens": 0,
-        "cache_read_input_tokens": 0,
+        "cache_read_input_tokens": cached_tokens,
     }
-    events = ctx.events(job)
+
+
+async def stream_message(ctx: ServerContext, job: ChatJob) -> AsyncIterator[ServerSentEvent]:
+    """The SSE events of ``job`` in the documented order (see module docstring).
+
+    ``message_start`` goes out once the engine admitted the request (before its prefill), so its
+    usage splits the prompt into ``cache_read_input_tokens`` and recomputed ``input_tokens``
+    (Claude Code's context meter reads it there); an engine that reports no admission gets the
+    whole prompt as ``input_tokens``.
+    """
+    events = ctx.events(job, report_admission=True)
     builder = BlockBuilder()
+    started = False
     try:
-        yield named_event(
-            {"type": "message_start", "message": _message(job, [], (None, None), start_usage)}
-        )
-        yield named_event({"type": "ping"})
         fin: Finish | None = None
         async for event in events:
+            if not started:
+                cached = event.cached_tokens if isinstance(event, Admitted) else 0
+                usage = _start_usage(len(job.prompt.token_ids), cached)
+                yield named_event(
+                    {"type": "message_start", "message": _message(job, [], (None, None), usage)}
+                )
+                yield named_event({"type": "ping"})
+                started = True
+            if isinstance(event, Admitted):
+                continue
             if isinstance(event, Finish):
                 fin = event
                 continue

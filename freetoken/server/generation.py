@@ -51,6 +51,15 @@ class Finish:
         return self.stop_reason if isinstance(self.stop_reason, str) else None
 
 
+@dataclass(frozen=True)
+class Admitted:
+    """The engine admitted the request (``GenerationRequest.report_admission``): the prompt's
+    length and how much of it the prefix cache serves are known, its prefill is about to run."""
+
+    prompt_tokens: int
+    cached_tokens: int
+
+
 async def close_quietly(iterator: object) -> None:
     """``await iterator.aclose()`` shielded from cancellation, logging (not raising) failures."""
     aclose = getattr(iterator, "aclose", None)
@@ -118,9 +127,10 @@ async def chat_events(
     request: GenerationRequest,
     parser: OutputParserLike,
     on_finish: Callable[[GenerationOutput], None] | None = None,
-) -> AsyncIterator[ParserEvent | Finish]:
+) -> AsyncIterator[ParserEvent | Admitted | Finish]:
     """Parser events (text, reasoning, complete tool calls) of one request, then its Finish
-    (``on_finish``: see :func:`engine_outputs`).
+    (``on_finish``: see :func:`engine_outputs`); first an :class:`Admitted` for the engine's
+    admission chunk when ``request.report_admission`` asked for one.
 
     Raises:
         APIError, EngineFailure: as :func:`engine_outputs`.
@@ -129,6 +139,9 @@ async def chat_events(
     last: GenerationOutput | None = None
     try:
         async for out in outputs:
+            if (request.report_admission and last is None and out.finish_reason is None
+                    and not out.token_ids):
+                yield Admitted(out.prompt_tokens, out.cached_tokens)
             if out.text:
                 for event in parser.feed(out.text):
                     yield event

@@ -173,6 +173,8 @@ class FakeEngine(EngineClient):
             )
 
         try:
+            if request.report_admission:  # admitted at once, as an idle engine would
+                yield out("")
             if script.start_delay_s:
                 await asyncio.sleep(script.start_delay_s)
             while script.endless or len(emitted) < len(ids):

@@ -117,6 +117,19 @@ def test_stop_sequence_in_message_delta(srv):
     assert events[-2][1]["delta"] == {"stop_reason": "stop_sequence", "stop_sequence": "STOP"}
 
 
+def test_message_start_usage_splits_cached_and_recomputed_prompt(srv):
+    # the engine reports the reuse at admission: message_start already carries it
+    srv.engine.push("ok", cached_tokens=3, start_delay_s=0.2)
+    events = stream_events(srv, {"model": "m", "max_tokens": 5, "stream": True,
+                                 "messages": [{"role": "user", "content": "x"}]})
+    prompt = len(srv.engine.last.request.prompt_ids)
+    assert srv.engine.last.request.report_admission
+    split = {"input_tokens": prompt - 3, "cache_creation_input_tokens": 0,
+             "cache_read_input_tokens": 3}
+    assert events[0][1]["message"]["usage"] == {**split, "output_tokens": 0}
+    assert events[-2][1]["usage"] == {**split, "output_tokens": srv.engine.last.tokens_sent}
+
+
 def test_pings_while_waiting_for_the_engine(make_server):
     served = make_server(ping_interval_s=0.2)
     served.engine.push("late", start_delay_s=1.0)
