@@ -27,6 +27,11 @@ class EngineFailure(Exception):
     error event on an open stream)."""
 
 
+class StreamStopped(EngineFailure):
+    """The server ended the request from outside (it is shutting down: ``stop_streams``); an
+    open stream reports it as an error and then ends as a complete stream."""
+
+
 @dataclass(frozen=True)
 class Finish:
     """How a generation ended.
@@ -100,6 +105,8 @@ async def engine_outputs(
             if out.finish_reason == "error":
                 raise EngineFailure(out.error or "the engine failed while generating")
             if out.finish_reason == "abort":
+                if out.error:  # ended by the server, with its reason
+                    raise StreamStopped(out.error)
                 raise EngineFailure("the engine aborted the request")
             if out.finish_reason is not None and on_finish is not None:
                 on_finish(out)

@@ -26,10 +26,17 @@ SERVER_FAULTS = re.compile(r"Traceback \(most recent call last\)|Exception in AS
 
 
 def free_port() -> int:
-    """A TCP port that was free on 127.0.0.1 a moment ago."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A TCP port that was free on 127.0.0.1 a moment ago: any, or the first free one of
+    ``$FREETOKEN_TEST_PORTS`` (``LOW-HIGH``) on a machine whose users share out port ranges."""
+    low, _, high = os.environ.get("FREETOKEN_TEST_PORTS", "0-0").partition("-")
+    for port in range(int(low), int(high or low) + 1):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return sock.getsockname()[1]
+    raise RuntimeError(f"no free port in FREETOKEN_TEST_PORTS={os.environ['FREETOKEN_TEST_PORTS']}")
 
 
 @dataclass
