@@ -79,9 +79,10 @@ class LaunchPlan:
     """One launch, fully resolved.
 
     ``argv[0]`` is the executable's path when it was found on ``PATH`` or in the clients cache
-    (``executable_found``), else its bare name. ``settings`` are the variables the launch sets (display order), ``cleared``
-    the cloud credentials it removes, ``env`` the complete child environment. ``config_text`` is
-    written to ``config_path`` before the agent starts (both None for env-only agents).
+    (``executable_found``), else its bare name. ``settings`` are the variables the launch sets
+    (display order), ``cleared`` the cloud credentials it removes, ``env`` the complete child
+    environment. ``config_text`` is written to ``config_path`` before the agent starts (both None
+    for env-only agents).
     """
 
     agent: str
