@@ -24,6 +24,7 @@ from freetoken.server.generation import (
     EngineFailure,
     Finish,
     close_quietly,
+    flag_slow_start,
 )
 from freetoken.server.ids import message_id
 from freetoken.server.messages import from_anthropic
@@ -202,15 +203,17 @@ async def stream_message(ctx: ServerContext, job: ChatJob) -> AsyncIterator[Serv
 
     ``message_start`` goes out once the engine admitted the request (before its prefill), so its
     usage splits the prompt into ``cache_read_input_tokens`` and recomputed ``input_tokens``
-    (Claude Code's context meter reads it there); an engine that reports no admission gets the
-    whole prompt as ``input_tokens``.
+    (Claude Code's context meter reads it there). A request still queued after half a ping
+    interval, or an engine that reports no admission, gets the whole prompt as ``input_tokens``
+    (``message_start`` always comes before any ping).
     """
     events = ctx.events(job, report_admission=True)
+    paced = flag_slow_start(events, ctx.config.ping_interval_s / 2)
     builder = BlockBuilder()
     started = False
     try:
         fin: Finish | None = None
-        async for event in events:
+        async for event in paced:
             if not started:
                 cached = event.cached_tokens if isinstance(event, Admitted) else 0
                 usage = _start_usage(len(job.prompt.token_ids), cached)
@@ -219,7 +222,7 @@ async def stream_message(ctx: ServerContext, job: ChatJob) -> AsyncIterator[Serv
                 )
                 yield named_event({"type": "ping"})
                 started = True
-            if isinstance(event, Admitted):
+            if event is None or isinstance(event, Admitted):
                 continue
             if isinstance(event, Finish):
                 fin = event
@@ -245,4 +248,5 @@ async def stream_message(ctx: ServerContext, job: ChatJob) -> AsyncIterator[Serv
         log.exception("messages stream %s failed", job.request_id)
         yield named_event(anthropic_error_body(APIError(500, f"internal error: {exc}")))
     finally:
+        await close_quietly(paced)
         await close_quietly(events)

@@ -6,10 +6,11 @@ engine's iterator too, which aborts the request inside the engine (EngineClient 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, TypeVar
 
 import anyio
 
@@ -20,6 +21,7 @@ from freetoken.server.errors import bad_request
 from freetoken.server.prompt import OutputParserLike
 
 log = logging.getLogger("freetoken.server")
+T = TypeVar("T")
 
 
 class EngineFailure(Exception):
@@ -75,6 +77,34 @@ async def close_quietly(iterator: object) -> None:
             await aclose()
         except Exception:  # noqa: BLE001 - cleanup must not mask the original outcome
             log.exception("closing an engine stream failed")
+
+
+async def flag_slow_start(events: AsyncIterator[T], timeout_s: float) -> AsyncIterator[T | None]:
+    """``events`` as they are, with one ``None`` first when the first event takes longer than
+    ``timeout_s`` (a queued request: a stream can then send its opening event without it).
+
+    Closing this iterator does not close ``events``; a first event still pending is cancelled."""
+
+    async def first_event() -> T:
+        return await anext(events)
+
+    first = asyncio.ensure_future(first_event())
+    try:
+        done, _ = await asyncio.wait({first}, timeout=timeout_s)
+        if not done:
+            yield None
+        try:
+            item = await first
+        except StopAsyncIteration:
+            return
+        yield item
+        async for item in events:
+            yield item
+    finally:
+        if not first.done():
+            first.cancel()
+            with anyio.CancelScope(shield=True):
+                await asyncio.gather(first, return_exceptions=True)
 
 
 async def engine_outputs(

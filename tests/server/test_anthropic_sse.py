@@ -130,6 +130,19 @@ def test_message_start_usage_splits_cached_and_recomputed_prompt(srv):
     assert events[-2][1]["usage"] == {**split, "output_tokens": srv.engine.last.tokens_sent}
 
 
+def test_message_start_comes_before_any_ping_while_queued(make_server):
+    # still queued after half a ping interval: message_start goes out with the whole prompt
+    served = make_server(ping_interval_s=0.2)
+    served.engine.push("ok", cached_tokens=3, queued_s=0.7)
+    events = stream_events(served, {"max_tokens": 5, "messages": [{"role": "user", "content": "x"}]})
+    names = [n for n, _ in events]
+    prompt = len(served.engine.last.request.prompt_ids)
+    assert names[:2] == ["message_start", "ping"]
+    assert names[: names.index("content_block_start")].count("ping") >= 3
+    assert events[0][1]["message"]["usage"]["input_tokens"] == prompt
+    assert events[-2][1]["usage"]["cache_read_input_tokens"] == 3
+
+
 def test_pings_while_waiting_for_the_engine(make_server):
     served = make_server(ping_interval_s=0.2)
     served.engine.push("late", start_delay_s=1.0)
