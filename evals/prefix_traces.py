@@ -33,7 +33,7 @@ from pathlib import Path
 
 from freetoken.chat.template import ChatTemplate
 from freetoken.server.anthropic_chat import enable_thinking
-from freetoken.server.anthropic_protocol import AnthropicMessage, MessagesRequest
+from freetoken.server.anthropic_protocol import AnthropicMessage, CountTokensRequest
 from freetoken.server.messages import from_anthropic, from_openai
 from freetoken.server.openai_protocol import ChatCompletionRequest, ChatMessage
 from freetoken.server.prompt import render_prompt
@@ -223,7 +223,7 @@ def template_request(call: TraceCall) -> tuple[list[dict], list[dict] | None, bo
         msgs, system = call.messages, None
         if msgs[0].get("role") == "system":
             system, msgs = msgs[0].get("content"), msgs[1:]
-        req = MessagesRequest.model_validate(
+        req = CountTokensRequest.model_validate(
             {"system": system, "messages": msgs, "tools": call.tools})
         return CLAUDE_CODE.normalize(from_anthropic(req.system, req.messages)), \
             anthropic_tools(req).tools, enable_thinking(req)

@@ -215,14 +215,20 @@ def _add_launch(sub: argparse._SubParsersAction) -> None:
 
 
 _LIGHT_COMMANDS = {"ctl": _add_ctl, "launch": _add_launch}
+_VERSION_FLAGS = ("--version", "-V")
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The argparse tree of every ``freetoken`` sub-command, or of just ``command`` when it is
-    one of the light ones (``ctl``, ``launch``): the others read their defaults from modules that
+    one of the light ones (``ctl``, ``launch``, or just ``--version``): the others read their defaults from modules that
     import torch, which costs seconds of start-up."""
+    from freetoken import __version__
+
     parser = argparse.ArgumentParser(prog="freetoken", description="FreeToken MoE serving engine")
+    parser.add_argument(*_VERSION_FLAGS, action="version", version=f"freetoken {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
+    if command in _VERSION_FLAGS:  # argparse prints the version and exits before the sub-command
+        return parser
     if command in _LIGHT_COMMANDS:
         _LIGHT_COMMANDS[command](sub)
         return parser

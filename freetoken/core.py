@@ -60,12 +60,16 @@ class GenerationRequest:
         anchors: the block kinds that get recurrent-state checkpoints for this request (a
             ``freetoken.prefix.anchors.AnchorPolicy``, chosen per session by a harness adapter);
             None uses the server's ``--anchors``.
+        report_admission: also send one empty chunk (no tokens, no finish) when the request is
+            first admitted, before its prefill runs: its ``cached_tokens`` is then known
+            (Anthropic's ``message_start`` usage reports it).
     """
 
     request_id: str
     prompt_ids: tuple[int, ...]
     sampling: SamplingParams
     anchors: Any = None
+    report_admission: bool = False
 
 
 @dataclass(frozen=True)

@@ -97,9 +97,31 @@ def base_url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
+SHUTDOWN_MESSAGE = "the server is shutting down"
+
+
 def _interrupt(signum, frame) -> None:
-    """SIGTERM handler: stop like Ctrl-C, so the engine shuts down and recordings are saved."""
+    """SIGINT / SIGTERM handler (uvicorn re-raises the signal after its graceful shutdown): stop
+    like Ctrl-C, so the engine shuts down, recordings are saved and ``stopped`` is printed, also
+    where SIGINT was ignored at start (a background job)."""
     raise KeyboardInterrupt
+
+
+def _uvicorn_server(config, loaded_engine):
+    """A ``uvicorn.Server`` that, at the first stop signal, ends every open stream with an error
+    (``stop_streams`` of ``loaded_engine()``, the engine once loaded, else None) before its
+    graceful shutdown waits for the connections to close."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:
+            if not self.should_exit:
+                stop = getattr(loaded_engine(), "stop_streams", None)
+                if stop is not None:
+                    stop(SHUTDOWN_MESSAGE)
+            super().handle_exit(sig, frame)
+
+    return Server(config)
 
 
 def checkpoint_compute_dtype(path: Path) -> str:
@@ -314,15 +336,16 @@ def serve(args: argparse.Namespace) -> int:
         return 2
     state = LoadState()
     load = BackgroundLoad(args, path, moe, dtype, config, state)
-    server = uvicorn.Server(uvicorn.Config(LoadingApp(state, config, start=load.start),
-                                           log_level=args.log_level))
+    server = _uvicorn_server(uvicorn.Config(LoadingApp(state, config, start=load.start),
+                                            log_level=args.log_level), lambda: load.engine)
     load.on_failure = lambda: setattr(server, "should_exit", True)
     base = base_url(args.host, sock.getsockname()[1])
     _say(f"model '{name}' listening on {base} (GET /health answers 503 with the load progress "
          "until the model is ready)")
     for method, route, what in ENDPOINTS:
         _say(f"  {method:4} {base}{route}  ({what})")
-    signal.signal(signal.SIGTERM, _interrupt)  # uvicorn re-raises it after a graceful shutdown
+    for sig in (signal.SIGINT, signal.SIGTERM):  # uvicorn re-raises it after a graceful shutdown
+        signal.signal(sig, _interrupt)
     try:
         server.run(sockets=[sock])
     except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C / SIGTERM after a graceful shutdown

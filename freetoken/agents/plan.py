@@ -2,13 +2,15 @@
 (path and text) and the argv.
 
 ``plan_launch`` is pure over its arguments (the caller's environment is passed in, the executable is
-looked up on that environment's ``PATH``), so ``--dry-run`` prints exactly what a real launch would
-do, and tests and ``tests/clients`` build the same settings.
+looked up on that environment's ``PATH``, then in the clients cache it names), so ``--dry-run``
+prints exactly what a real launch would do, and tests and ``tests/clients`` build the same
+settings.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -18,6 +20,7 @@ from urllib.parse import urlsplit
 from freetoken.agents import claude_code, codex, mini_swe_agent, openclaw, opencode
 from freetoken.agents.discover import is_loopback
 from freetoken.agents.environment import child_environment, proxy_bypass
+from freetoken.agents.installed import find_cached
 from freetoken.agents.target import Target
 
 
@@ -75,10 +78,11 @@ AGENTS: dict[str, AgentSpec] = {
 class LaunchPlan:
     """One launch, fully resolved.
 
-    ``argv[0]`` is the executable's path when it was found on ``PATH`` (``executable_found``),
-    else its bare name. ``settings`` are the variables the launch sets (display order), ``cleared``
-    the cloud credentials it removes, ``env`` the complete child environment. ``config_text`` is
-    written to ``config_path`` before the agent starts (both None for env-only agents).
+    ``argv[0]`` is the executable's path when it was found on ``PATH`` or in the clients cache
+    (``executable_found``), else its bare name. ``settings`` are the variables the launch sets
+    (display order), ``cleared`` the cloud credentials it removes, ``env`` the complete child
+    environment. ``config_text`` is written to ``config_path`` before the agent starts (both None
+    for env-only agents).
     """
 
     agent: str
@@ -122,6 +126,8 @@ def plan_launch(agent: str, target: Target, environ: Mapping[str, str], extra_ar
     """The launch of ``agent`` against ``target`` from a process whose environment is ``environ``.
 
     ``extra_args`` follow the executable verbatim. ``config_folder`` defaults to ``config_dir``.
+    An agent missing from ``PATH`` is taken from the clients cache (``installed.find_cached``);
+    a cached OpenClaw gets its Node 24 first on ``PATH``.
     When the server is on loopback and ``environ`` sets a proxy, its host is added to ``NO_PROXY``.
 
     Raises:
@@ -132,8 +138,15 @@ def plan_launch(agent: str, target: Target, environ: Mapping[str, str], extra_ar
     settings, config = spec.settings(target, path)
     if is_loopback(target.base_url):
         settings = {**settings, **proxy_bypass(environ, urlsplit(target.base_url).hostname or "")}
-    env, cleared = child_environment(environ, settings)
     found = shutil.which(spec.executable, path=environ.get("PATH", ""))
+    if found is None:
+        cached = find_cached(agent, spec.executable, environ)
+        if cached is not None:
+            found = str(cached.executable)
+            if cached.path_dirs:
+                lead = os.pathsep.join(str(d) for d in cached.path_dirs)
+                settings = {**settings, "PATH": f"{lead}{os.pathsep}{environ.get('PATH', '')}"}
+    env, cleared = child_environment(environ, settings)
     argv = (found or spec.executable, *spec_args(agent, settings, target), *extra_args)
     return LaunchPlan(agent, target, argv, found is not None, settings, cleared, env, path,
                       None if config is None else config_text(config))

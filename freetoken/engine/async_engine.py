@@ -134,6 +134,7 @@ class AsyncEngine(EngineClient):
         self._lock = threading.Lock()
         self._failure: str | None = None
         self._closed = False
+        self._streams: dict[int, Callable[[str], None]] = {}
         self._thread = threading.Thread(target=self._run, name="freetoken-engine", daemon=True)
         self._thread.start()
 
@@ -335,6 +336,13 @@ class AsyncEngine(EngineClient):
         if not self._post(("add", key, request, sink, time.perf_counter())):
             yield self._error_chunk(request)
             return
+
+        def stop(message: str) -> None:
+            chunks.put_nowait(dataclasses.replace(self._error_chunk(request),
+                                                  finish_reason="abort", error=message))
+            self._post(("abort", key))
+
+        self._streams[key] = lambda message: loop.call_soon_threadsafe(stop, message)
         finished = False
         try:
             while not finished:
@@ -342,8 +350,21 @@ class AsyncEngine(EngineClient):
                 finished = out.finish_reason is not None
                 yield out
         finally:
+            self._streams.pop(key, None)
             if not finished:
                 self._post(("abort", key))
+
+    def stop_streams(self, message: str) -> None:
+        """End every open stream at once with an ``abort`` chunk whose ``error`` is ``message``,
+        and abort its request (the server is stopping: clients get an error, not a cut stream).
+
+        Safe from a signal handler or any thread: it only schedules work on each stream's event
+        loop (a request whose prefill step is running is aborted when the step ends)."""
+        for stop in list(self._streams.values()):
+            try:
+                stop(message)
+            except RuntimeError:  # that stream's event loop is closed: nobody is listening
+                pass
 
     def _error_chunk(self, request: GenerationRequest) -> GenerationOutput:
         reason = self._failure or "the engine is shut down"

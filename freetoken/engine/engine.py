@@ -171,6 +171,8 @@ class Engine:
                 req.first_scheduled_time = now
                 self._book.on_started(req.num_prompt_tokens, req.num_cached_tokens,
                                       now - req.arrival_time)
+                if req.request.report_admission:
+                    self._emit(req, self._processors[req.key].admitted())
 
     def _observe_token(self, req: EngineRequest) -> None:
         """Latency of the token ``req`` just sampled: TTFT and prefill speed for its first,

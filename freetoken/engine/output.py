@@ -82,6 +82,10 @@ class RequestOutputProcessor:
         logprobs = None if sp.logprobs is None else (self._token_logprob(token, out),)
         return self._chunk((token,), text, finish, stop_reason, logprobs)
 
+    def admitted(self) -> GenerationOutput:
+        """The empty chunk sent at admission (``GenerationRequest.report_admission``)."""
+        return self._chunk((), "", None, None, None)
+
     def final(self, reason: FinishReason, error: str | None = None) -> GenerationOutput:
         """An empty last chunk for a request ended from outside (``abort`` or ``error``)."""
         return self._chunk((), "", reason, None, None, error)

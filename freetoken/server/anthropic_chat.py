@@ -1,7 +1,8 @@
 """``/v1/messages``: request → :class:`ChatJob`, and the job's output as a ``message`` object or as
 the Anthropic SSE event sequence (docs.anthropic.com "Messages" / "Streaming Messages"):
 
-``message_start`` (``usage.input_tokens`` = prompt tokens) → ``ping`` → content blocks (see
+``message_start`` (once the engine admitted the request; ``usage`` splits the prompt into
+``cache_read_input_tokens`` and ``input_tokens``) → ``ping`` → content blocks (see
 :mod:`freetoken.server.anthropic_blocks`) → ``message_delta`` (``stop_reason``,
 ``stop_sequence``, cumulative ``usage``) → ``message_stop``; a failure after the headers went out
 ends the stream with an ``error`` event.
@@ -15,13 +16,15 @@ from collections.abc import AsyncIterator
 from sse_starlette import ServerSentEvent
 
 from freetoken.server.anthropic_blocks import BlockBuilder
-from freetoken.server.anthropic_protocol import CountTokensRequest, MessagesRequest
+from freetoken.server.anthropic_protocol import EFFORTS, CountTokensRequest, MessagesRequest
 from freetoken.server.context import ChatJob, ServerContext, now
-from freetoken.server.errors import APIError, anthropic_error_body
+from freetoken.server.errors import APIError, anthropic_error_body, bad_request
 from freetoken.server.generation import (
+    Admitted,
     EngineFailure,
     Finish,
     close_quietly,
+    flag_slow_start,
 )
 from freetoken.server.ids import message_id
 from freetoken.server.messages import from_anthropic
@@ -45,6 +48,20 @@ def enable_thinking(req: CountTokensRequest) -> bool:
 _BUDGET_LOW, _BUDGET_HIGH = 4096, 16384
 """``budget_tokens`` below the first is ``low`` effort, from the second on ``high`` (FreeToken's
 own cut points: Claude Code asks 31999 for its deepest thinking)."""
+
+
+def check_effort(req: CountTokensRequest) -> None:
+    """Reject an ``output_config.effort`` that is not one of Anthropic's levels (also when
+    thinking is off, where it is otherwise unused).
+
+    Raises:
+        APIError: 400 naming the field and the allowed levels.
+    """
+    config = req.output_config if isinstance(req.output_config, dict) else {}
+    if config.get("effort") is not None and config["effort"] not in EFFORTS:
+        levels = ", ".join(f"'{e}'" for e in EFFORTS[:-1]) + f" or '{EFFORTS[-1]}'"
+        raise bad_request(f"output_config.effort: Input should be {levels}",
+                          param="output_config.effort")
 
 
 def reasoning_effort(req: CountTokensRequest) -> str | None:
@@ -74,6 +91,7 @@ def render_request(
     Raises:
         APIError: 400 for bad blocks, tools or template errors.
     """
+    check_effort(req)
     policy = anthropic_tools(req)
     messages = from_anthropic(req.system, req.messages)
     if adapter is not None:
@@ -171,23 +189,41 @@ async def complete_message(ctx: ServerContext, job: ChatJob) -> dict:
     )
 
 
-async def stream_message(ctx: ServerContext, job: ChatJob) -> AsyncIterator[ServerSentEvent]:
-    """The SSE events of ``job`` in the documented order (see module docstring)."""
-    start_usage = {
-        "input_tokens": len(job.prompt.token_ids),
+def _start_usage(prompt_tokens: int, cached_tokens: int) -> dict:
+    return {
+        "input_tokens": prompt_tokens - cached_tokens,
         "output_tokens": 0,
         "cache_creation_input_tokens": 0,
-        "cache_read_input_tokens": 0,
+        "cache_read_input_tokens": cached_tokens,
     }
-    events = ctx.events(job)
+
+
+async def stream_message(ctx: ServerContext, job: ChatJob) -> AsyncIterator[ServerSentEvent]:
+    """The SSE events of ``job`` in the documented order (see module docstring).
+
+    ``message_start`` goes out once the engine admitted the request (before its prefill), so its
+    usage splits the prompt into ``cache_read_input_tokens`` and recomputed ``input_tokens``
+    (Claude Code's context meter reads it there). A request still queued after half a ping
+    interval, or an engine that reports no admission, gets the whole prompt as ``input_tokens``
+    (``message_start`` always comes before any ping).
+    """
+    events = ctx.events(job, report_admission=True)
+    paced = flag_slow_start(events, ctx.config.ping_interval_s / 2)
     builder = BlockBuilder()
+    started = False
     try:
-        yield named_event(
-            {"type": "message_start", "message": _message(job, [], (None, None), start_usage)}
-        )
-        yield named_event({"type": "ping"})
         fin: Finish | None = None
-        async for event in events:
+        async for event in paced:
+            if not started:
+                cached = event.cached_tokens if isinstance(event, Admitted) else 0
+                usage = _start_usage(len(job.prompt.token_ids), cached)
+                yield named_event(
+                    {"type": "message_start", "message": _message(job, [], (None, None), usage)}
+                )
+                yield named_event({"type": "ping"})
+                started = True
+            if event is None or isinstance(event, Admitted):
+                continue
             if isinstance(event, Finish):
                 fin = event
                 continue
@@ -212,4 +248,5 @@ async def stream_message(ctx: ServerContext, job: ChatJob) -> AsyncIterator[Serv
         log.exception("messages stream %s failed", job.request_id)
         yield named_event(anthropic_error_body(APIError(500, f"internal error: {exc}")))
     finally:
+        await close_quietly(paced)
         await close_quietly(events)

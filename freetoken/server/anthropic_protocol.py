@@ -3,8 +3,9 @@
 Follows docs.anthropic.com "Messages" and "Count message tokens". Content blocks stay plain dicts
 here and are validated one by one in :mod:`freetoken.server.anthropic_messages` (so an error names
 the exact block field). Unknown top-level fields (``metadata``, ``context_management``,
-``cache_control``, ``service_tier``...) are accepted and ignored; of ``output_config`` a string
-``effort`` and a ``format`` are read (other keys are ignored); ``format`` and the older top-level
+``cache_control``, ``service_tier``...) are accepted and ignored; of ``output_config`` ``effort``
+(one of :data:`EFFORTS`, checked by ``anthropic_chat.check_effort``) and a ``format`` are read
+(other keys are ignored); ``format`` and the older top-level
 ``output_format`` are validated and served by :mod:`freetoken.server.structured`.
 """
 
@@ -13,6 +14,11 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+
+MIN_THINKING_BUDGET = 1024
+EFFORTS = ("low", "medium", "high", "xhigh", "max")
+"""``output_config.effort`` levels the Anthropic SDK lists (``OutputConfigParam``)."""
 
 
 class _Lenient(BaseModel):
@@ -46,10 +52,11 @@ class AnthropicToolChoice(_Lenient):
 
 
 class ThinkingConfig(_Lenient):
-    """``thinking``: ``enabled`` (with ``budget_tokens``), ``adaptive`` or ``disabled``."""
+    """``thinking``: ``enabled`` (with ``budget_tokens``, at least 1024 as on Anthropic's API),
+    ``adaptive`` or ``disabled``."""
 
     type: Literal["enabled", "adaptive", "disabled"]
-    budget_tokens: int | None = None
+    budget_tokens: int | None = Field(default=None, ge=MIN_THINKING_BUDGET)
 
 
 class CountTokensRequest(_Lenient):
@@ -65,12 +72,13 @@ class CountTokensRequest(_Lenient):
 
 
 class MessagesRequest(CountTokensRequest):
-    """``POST /v1/messages`` body. ``max_tokens`` is optional here (the server default applies)."""
+    """``POST /v1/messages`` body. ``max_tokens`` is required, as on Anthropic's API (every
+    client sends it; the server cap clamps it); ``temperature`` is in [0, 1] there."""
 
-    max_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: int = Field(ge=1)
     stop_sequences: list[str] | None = None
     stream: bool = False
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    temperature: float | None = Field(default=None, ge=0.0, le=1.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     top_k: int | None = Field(default=None, ge=-1)
     seed: int | None = None

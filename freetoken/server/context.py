@@ -16,7 +16,7 @@ from freetoken.core import GenerationOutput, GenerationRequest, SamplingParams
 from freetoken.engine.client import EngineClient
 from freetoken.server.config import ServerConfig
 from freetoken.parsers.events import ParserEvent
-from freetoken.server.generation import Finish, chat_events
+from freetoken.server.generation import Admitted, Finish, chat_events
 from freetoken.server.errors import Api, APIError, bad_request, from_validation_error
 from freetoken.server.prompt import (
     OutputParserLike,
@@ -55,10 +55,11 @@ class ChatJob:
     policy: ToolPolicy
     binding: HarnessBinding | None = None
 
-    def engine_request(self) -> GenerationRequest:
+    def engine_request(self, report_admission: bool = False) -> GenerationRequest:
         """The :class:`GenerationRequest` handed to the engine (with the session's anchors)."""
         anchors = self.binding.anchors if self.binding is not None else None
-        return GenerationRequest(self.request_id, self.prompt.token_ids, self.sampling, anchors)
+        return GenerationRequest(self.request_id, self.prompt.token_ids, self.sampling, anchors,
+                                 report_admission)
 
 
 @dataclass(frozen=True)
@@ -102,9 +103,11 @@ class ServerContext:
         """400 when ``prompt_len + 1 > engine.info.max_model_len``."""
         check_context(prompt_len, self.engine.info.max_model_len, api, param)
 
-    def events(self, job: ChatJob) -> AsyncIterator[ParserEvent | Finish]:
-        """``chat_events`` of ``job`` with a fresh parser; the finish goes to its session."""
-        request = job.engine_request()
+    def events(self, job: ChatJob, report_admission: bool = False
+               ) -> AsyncIterator[ParserEvent | Admitted | Finish]:
+        """``chat_events`` of ``job`` with a fresh parser; the finish goes to its session.
+        ``report_admission``: an :class:`Admitted` comes first when the engine sends one."""
+        request = job.engine_request(report_admission)
         return chat_events(self.engine, request, self.new_parser(job),
                            lambda out: self.record(job.binding, request.prompt_ids, out))
 

@@ -6,10 +6,11 @@ engine's iterator too, which aborts the request inside the engine (EngineClient 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, TypeVar
 
 import anyio
 
@@ -20,11 +21,17 @@ from freetoken.server.errors import bad_request
 from freetoken.server.prompt import OutputParserLike
 
 log = logging.getLogger("freetoken.server")
+T = TypeVar("T")
 
 
 class EngineFailure(Exception):
     """The engine failed or aborted a request after it was accepted (reported as a 500 or as an
     error event on an open stream)."""
+
+
+class StreamStopped(EngineFailure):
+    """The server ended the request from outside (it is shutting down: ``stop_streams``); an
+    open stream reports it as an error and then ends as a complete stream."""
 
 
 @dataclass(frozen=True)
@@ -51,6 +58,15 @@ class Finish:
         return self.stop_reason if isinstance(self.stop_reason, str) else None
 
 
+@dataclass(frozen=True)
+class Admitted:
+    """The engine admitted the request (``GenerationRequest.report_admission``): the prompt's
+    length and how much of it the prefix cache serves are known, its prefill is about to run."""
+
+    prompt_tokens: int
+    cached_tokens: int
+
+
 async def close_quietly(iterator: object) -> None:
     """``await iterator.aclose()`` shielded from cancellation, logging (not raising) failures."""
     aclose = getattr(iterator, "aclose", None)
@@ -61,6 +77,34 @@ async def close_quietly(iterator: object) -> None:
             await aclose()
         except Exception:  # noqa: BLE001 - cleanup must not mask the original outcome
             log.exception("closing an engine stream failed")
+
+
+async def flag_slow_start(events: AsyncIterator[T], timeout_s: float) -> AsyncIterator[T | None]:
+    """``events`` as they are, with one ``None`` first when the first event takes longer than
+    ``timeout_s`` (a queued request: a stream can then send its opening event without it).
+
+    Closing this iterator does not close ``events``; a first event still pending is cancelled."""
+
+    async def first_event() -> T:
+        return await anext(events)
+
+    first = asyncio.ensure_future(first_event())
+    try:
+        done, _ = await asyncio.wait({first}, timeout=timeout_s)
+        if not done:
+            yield None
+        try:
+            item = await first
+        except StopAsyncIteration:
+            return
+        yield item
+        async for item in events:
+            yield item
+    finally:
+        if not first.done():
+            first.cancel()
+            with anyio.CancelScope(shield=True):
+                await asyncio.gather(first, return_exceptions=True)
 
 
 async def engine_outputs(
@@ -91,6 +135,8 @@ async def engine_outputs(
             if out.finish_reason == "error":
                 raise EngineFailure(out.error or "the engine failed while generating")
             if out.finish_reason == "abort":
+                if out.error:  # ended by the server, with its reason
+                    raise StreamStopped(out.error)
                 raise EngineFailure("the engine aborted the request")
             if out.finish_reason is not None and on_finish is not None:
                 on_finish(out)
@@ -118,9 +164,10 @@ async def chat_events(
     request: GenerationRequest,
     parser: OutputParserLike,
     on_finish: Callable[[GenerationOutput], None] | None = None,
-) -> AsyncIterator[ParserEvent | Finish]:
+) -> AsyncIterator[ParserEvent | Admitted | Finish]:
     """Parser events (text, reasoning, complete tool calls) of one request, then its Finish
-    (``on_finish``: see :func:`engine_outputs`).
+    (``on_finish``: see :func:`engine_outputs`); first an :class:`Admitted` for the engine's
+    admission chunk when ``request.report_admission`` asked for one.
 
     Raises:
         APIError, EngineFailure: as :func:`engine_outputs`.
@@ -129,6 +176,9 @@ async def chat_events(
     last: GenerationOutput | None = None
     try:
         async for out in outputs:
+            if (request.report_admission and last is None and out.finish_reason is None
+                    and not out.token_ids):
+                yield Admitted(out.prompt_tokens, out.cached_tokens)
             if out.text:
                 for event in parser.feed(out.text):
                     yield event

@@ -4,7 +4,8 @@ Target form (see :class:`freetoken.chat.template.ChatTemplate`): ``{"role": "sys
 "assistant"|"tool", "content": str}``; assistant messages may add ``reasoning_content`` (str) and
 ``tool_calls`` (``[{"id", "type": "function", "function": {"name", "arguments"}}]``, arguments a
 dict when they parse as a JSON object, else the raw string); tool messages carry
-``tool_call_id``. Multi-part text is joined with ``"\\n"``. Messages are never reordered or merged,
+``tool_call_id``. Multi-part text is joined with ``"\\n"``. Messages are never reordered or merged
+(within an Anthropic user turn the tool results come before its text, as that API requires),
 so a conversation that grows append-only renders to a prompt that grows append-only (prefix
 caching depends on this; harnesses.md §8 "Engine implications").
 """
@@ -184,6 +185,11 @@ def _tool_result(block: dict, path: str) -> dict:
 
 
 def _user_turn(content: str | list[dict[str, Any]], path: str) -> list[dict]:
+    """A user turn's ``tool`` messages (block order), then its text as one user message.
+
+    Anthropic's API requires the ``tool_result`` blocks first; a harness that puts text before
+    them means the same turn, and rendering the text between the calls and their results would
+    part each result from its call (and from the prompt cached up to the results)."""
     if isinstance(content, str):
         return [{"role": "user", "content": content}]
     out: list[dict] = []
@@ -193,9 +199,6 @@ def _user_turn(content: str | list[dict[str, Any]], path: str) -> list[dict]:
         if kind == "text":
             texts.append(_validate(_TextBlock, block, f"{path}.{j}").text)
         elif kind == "tool_result":
-            if texts:
-                out.append({"role": "user", "content": "\n".join(texts)})
-                texts = []
             out.append(_tool_result(block, f"{path}.{j}"))
         else:
             raise _unsupported(kind, f"{path}.{j}")
@@ -242,8 +245,9 @@ def from_anthropic(
 ) -> list[dict]:
     """Anthropic ``system`` + ``messages`` → template messages.
 
-    ``tool_result`` blocks become ``tool`` messages (in block order, text blocks around them
-    become user messages; an image/document inside a tool result becomes a placeholder line);
+    ``tool_result`` blocks become ``tool`` messages (in block order; the turn's text blocks
+    follow them as one user message, even when sent before them; an image/document inside a tool
+    result becomes a placeholder line);
     ``thinking`` becomes ``reasoning_content``; ``redacted_thinking`` is dropped; ``tool_use``
     becomes ``tool_calls``; a ``system`` turn inside ``messages`` stays in place; consecutive
     user turns stay separate.

@@ -19,6 +19,7 @@ from freetoken.server.errors import APIError, bad_request, openai_error_body
 from freetoken.server.generation import (
     EngineFailure,
     Finish,
+    StreamStopped,
     close_quietly,
 )
 from freetoken.server.ids import chat_completion_id, openai_tool_call_id
@@ -173,7 +174,8 @@ async def stream_chat(
 
     The first chunk carries ``role``; the finish chunk has an empty delta; with
     ``include_usage`` every chunk has ``usage: null`` and a last chunk with empty ``choices``
-    carries the usage. On failure an ``{"error": ...}`` event ends the stream (no ``[DONE]``).
+    carries the usage. On failure an ``{"error": ...}`` event ends the stream (no ``[DONE]``);
+    when the server stops it (``StreamStopped``), the error event is followed by ``[DONE]``.
     """
     base = {
         "id": job.request_id,
@@ -220,6 +222,9 @@ async def stream_chat(
                 yield chunk({}, finish_reason(event, num_calls))
                 if include_usage:
                     yield data_event({**base, "choices": [], "usage": openai_usage(event)})
+        yield data_event("[DONE]")
+    except StreamStopped as exc:
+        yield stream_error_event(exc)
         yield data_event("[DONE]")
     except (APIError, EngineFailure) as exc:
         yield stream_error_event(exc)

@@ -16,6 +16,7 @@ from freetoken.server.context import ServerContext, now
 from freetoken.server.errors import APIError, bad_request
 from freetoken.server.generation import (
     EngineFailure,
+    StreamStopped,
     close_quietly,
     engine_outputs,
     finish_of,
@@ -211,6 +212,9 @@ async def stream_text(
             yield data_event(body)
             if out.finish_reason is not None and include_usage:
                 yield data_event({**base, "choices": [], "usage": openai_usage(finish_of(out))})
+        yield data_event("[DONE]")
+    except StreamStopped as exc:  # the server is stopping: a complete stream with an error
+        yield stream_error_event(exc)
         yield data_event("[DONE]")
     except (APIError, EngineFailure) as exc:
         yield stream_error_event(exc)

@@ -1,8 +1,9 @@
 """Request bodies of the OpenAI API (``/v1/chat/completions``, ``/v1/completions``).
 
 Field names and meanings follow the OpenAI API reference (Chat Completions / Completions). Unknown
-fields are accepted and ignored; fields FreeToken cannot honour (``n`` > 1, ``echo``, image
-parts) are rejected with a 400 by the routes. ``response_format`` is validated and served by
+fields are accepted and ignored; fields FreeToken cannot honour (``n`` > 1, ``best_of`` > 1,
+``echo``, image parts) are rejected with a 400 (``logprobs`` on completions is at most 5, as on
+OpenAI's API). ``response_format`` is validated and served by
 :mod:`freetoken.server.structured`.
 Extensions shared with vLLM: ``top_k``, ``ignore_eos``, ``chat_template_kwargs``,
 ``response_format`` on completions.
@@ -13,6 +14,10 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
+"""The ``reasoning_effort`` levels the OpenAI SDK lists (``openai.types.shared.ReasoningEffort``)."""
 
 
 class _Lenient(BaseModel):
@@ -108,7 +113,7 @@ class ChatCompletionRequest(_SamplingFields):
     tools: list[ToolDef] | None = None
     tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
-    reasoning_effort: str | None = None
+    reasoning_effort: ReasoningEffort | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     logprobs: bool | None = None
     response_format: dict[str, Any] | None = None
@@ -118,7 +123,8 @@ class CompletionRequest(_SamplingFields):
     """``POST /v1/completions`` body: ``prompt`` is text or token ids (one prompt per request)."""
 
     prompt: str | list[int] | list[str] | list[list[int]]
-    logprobs: int | None = Field(default=None, ge=0, le=20)
+    logprobs: int | None = Field(default=None, ge=0, le=5)
+    best_of: Literal[1] | None = None
     echo: bool = False
     suffix: str | None = None
     response_format: dict[str, Any] | None = None

@@ -125,7 +125,7 @@ def prepare_response(
         top_k=req.top_k,
         seed=req.seed,
         stop=(),
-        ignore_eos=False,
+        ignore_eos=req.ignore_eos,
     )
     sampling = constrain(sampling, policy, fmt, ctx.template, prompt.in_reasoning)
     chat = ChatJob(response_id(), ctx.model_name(req.model), now(), prompt, sampling, policy,

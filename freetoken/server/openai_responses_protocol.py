@@ -4,7 +4,8 @@ Field names and meanings follow the OpenAI API reference ("Responses"). Unknown 
 (``include``, ``truncation``, ``service_tier``, ``prompt_cache_key``, ``background``...) are
 accepted and ignored. ``input`` items are validated one by one when the conversation is built
 (:mod:`freetoken.server.openai_responses_input`), so an error names the item's path
-(``input.2.call_id``). Extensions shared with the chat endpoint: ``top_k``, ``seed``.
+(``input.2.call_id``). Extensions shared with the chat endpoint: ``top_k``, ``seed``,
+``ignore_eos``.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from freetoken.server.openai_protocol import ReasoningEffort
 
 
 class _Lenient(BaseModel):
@@ -40,7 +43,7 @@ class ReasoningConfig(_Lenient):
     """``reasoning``: ``effort`` (``none`` turns thinking off, any other level on); ``summary``
     is echoed (the model's reasoning is reported as it is, not summarised)."""
 
-    effort: str | None = None
+    effort: ReasoningEffort | None = None
     summary: str | None = None
 
 
@@ -73,6 +76,7 @@ class ResponsesRequest(_Lenient):
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     top_k: int | None = Field(default=None, ge=-1)
     seed: int | None = None
+    ignore_eos: bool = False
     stream: bool = False
     reasoning: ReasoningConfig | None = None
     text: TextConfig | None = None

@@ -17,6 +17,9 @@ from starlette.requests import Request
 
 T = TypeVar("T")
 _SEP = "\n"
+SHUTDOWN_GRACE_S = 5.0
+"""On server shutdown, how long an open stream may run on (to send its error event: the engine
+ends it, see ``AsyncEngine.stop_streams``) before sse-starlette cancels it."""
 
 
 def to_json(obj: Any) -> str:
@@ -56,6 +59,7 @@ def sse_response(
         ping_message_factory=ping,
         sep=_SEP,
         headers={"Cache-Control": "no-cache"},
+        shutdown_grace_period=SHUTDOWN_GRACE_S,
     )
 
 

@@ -26,13 +26,17 @@ SERVER_FAULTS = re.compile(r"Traceback \(most recent call last\)|Exception in AS
 
 
 def free_port(candidates: range | None = None) -> int:
-    """A TCP port that was free on 127.0.0.1 a moment ago: any (the kernel's pick), or the first
-    free one of ``candidates``.
+    """A TCP port that was free on 127.0.0.1 a moment ago: the first free one of ``candidates``,
+    else of ``$FREETOKEN_TEST_PORTS`` (``LOW-HIGH``, on a machine whose users share out port
+    ranges), else any (the kernel's pick).
 
     Raises:
-        RuntimeError: no port of ``candidates`` is free.
+        RuntimeError: no port of the range is free.
     """
-    for port in candidates if candidates is not None else (0,):
+    if candidates is None:
+        low, _, high = os.environ.get("FREETOKEN_TEST_PORTS", "0-0").partition("-")
+        candidates = range(int(low), int(high or low) + 1)
+    for port in candidates:
         with socket.socket() as sock:
             try:
                 sock.bind(("127.0.0.1", port))

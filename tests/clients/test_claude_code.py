@@ -38,7 +38,8 @@ def _server_messages(run: ClientRun) -> list[dict]:
         events = [json.loads(data) for _, data in sse_events(ex.response_text())]
         start = next(e["message"] for e in events if e["type"] == "message_start")
         blocks = [e for e in events if e["type"] == "content_block_start"]
-        out.append({"id": response_id(ex), "input_tokens": start["usage"]["input_tokens"], "blocks": len(blocks)})
+        out.append({"id": response_id(ex), "input_tokens": start["usage"]["input_tokens"],
+                    "cache_read": start["usage"]["cache_read_input_tokens"], "blocks": len(blocks)})
     return out
 
 
@@ -57,11 +58,11 @@ def _check(run: ClientRun, live) -> list[dict]:  # noqa: ANN001 - the Live fixtu
     api_errors = [e for e in events if e.get("type") == "assistant" and e.get("error")]
     assert not api_errors, f"assistant messages flagged as API errors: {api_errors}"
     served = _server_messages(run)
-    # message_start reports the whole prompt; the final usage splits it into new input and
-    # prefix-cache reads, and Claude Code adds up the final ones
+    # message_start already splits each prompt into new input and prefix-cache reads (as the
+    # final usage does), and Claude Code adds them up
     usage = result["usage"]
-    consumed = usage["input_tokens"] + usage.get("cache_read_input_tokens", 0)
-    assert consumed == sum(m["input_tokens"] for m in served), (usage, served)
+    assert (usage["input_tokens"], usage.get("cache_read_input_tokens", 0)) == (
+        sum(m["input_tokens"] for m in served), sum(m["cache_read"] for m in served)), (usage, served)
     seen = {e["message"]["id"] for e in events if e.get("type") == "assistant"}
     shown = [m["id"] for m in served if m["blocks"]]
     assert set(shown) <= seen, f"responses with content not surfaced by Claude Code: {set(shown) - seen}"

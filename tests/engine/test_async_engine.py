@@ -165,6 +165,27 @@ def test_shutdown_aborts_in_flight_requests(start_engine) -> None:
     assert [(c.finish_reason, c.error) for c in after] == [("error", "the engine is shut down")]
 
 
+def test_stop_streams_ends_every_open_stream_with_its_message(start_engine) -> None:
+    model = RecurrentLM(V, delay_s=0.01)
+    engine = start_engine(model)
+
+    async def main():
+        streams = [engine.generate(request([1, k], rid=f"s{k}", max_tokens=5000)) for k in (2, 3)]
+        firsts = [await s.__anext__() for s in streams]
+        engine.stop_streams("the server is shutting down")
+        rests = [[out async for out in s] for s in streams]
+        return firsts, rests, await _collect(engine, request([9], rid="after", max_tokens=2))
+
+    firsts, rests, after = asyncio.run(main())
+    assert all(f.finish_reason is None for f in firsts)
+    for rest, rid in zip(rests, ("s2", "s3")):
+        assert [(c.request_id, c.token_ids, c.finish_reason, c.error) for c in rest[-1:]] == [
+            (rid, (), "abort", "the server is shutting down")]
+        assert len(rest) < 10  # ended at once, not after 5000 tokens
+    assert after[-1].finish_reason == "length" and engine.is_healthy()
+    assert engine._streams == {}
+
+
 def test_streamed_text_matches_sync_engine(start_engine) -> None:
     req = request(tokenizer().encode("Once upon a time"), temperature=0.8, seed=11, max_tokens=30)
     sync = run_alone(Engine(RecurrentLM(V, seed=4), tokenizer(), info(eos=())), req)

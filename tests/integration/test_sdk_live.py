@@ -117,6 +117,24 @@ def test_repeated_request_reports_the_reused_prefix(oai: openai.OpenAI,
     assert two.usage.input_tokens == 1
 
 
+def test_streamed_message_start_reports_the_reused_prefix(ant: anthropic.Anthropic) -> None:
+    """message_start (not only message_delta) splits the prompt into cache reads and recomputed
+    input: Claude Code's context meter reads it there."""
+    kwargs = dict(model="c", max_tokens=3, extra_body={"temperature": 0},
+                  messages=[{"role": "user", "content": "Prefix reuse probe 4f7b: streamed."}])
+    starts = []
+    for _ in range(2):
+        with ant.messages.stream(**kwargs) as stream:
+            start = next(e for e in stream if e.type == "message_start")
+            final = stream.get_final_message()
+        starts.append(start.message.usage)
+        assert _prompt_tokens(start.message.usage) == _prompt_tokens(final.usage)
+        assert start.message.usage.cache_read_input_tokens == final.usage.cache_read_input_tokens
+    assert (starts[0].cache_read_input_tokens, starts[0].cache_creation_input_tokens) == (0, 0)
+    assert starts[1].cache_read_input_tokens == _prompt_tokens(starts[0]) - 1
+    assert starts[1].input_tokens == 1
+
+
 def test_openai_ignore_eos_and_cap(oai: openai.OpenAI) -> None:
     out = oai.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}],
                                       max_tokens=7, extra_body={"ignore_eos": True})

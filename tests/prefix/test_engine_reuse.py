@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 
+from freetoken.core import GenerationRequest, SamplingParams
 from freetoken.prefix.anchors import AnchorPolicy
 
 from tests.prefix.engine_helpers import (
@@ -237,3 +238,24 @@ def test_attention_only_gpt_oss_reuses_the_common_token_prefix(edit: str) -> Non
     cold = serve(make_engine("gpt_oss", anchors=ALL), p2, key=0)
     assert cold[-1].cached_tokens == 0
     assert ids(warm) == ids(cold)
+
+
+def test_admission_chunk_reports_the_reuse_before_the_prefill() -> None:
+    """``report_admission``: one empty chunk at admission, before any token, already carrying
+    ``cached_tokens`` (the server's Anthropic ``message_start`` reports it); none without it."""
+    _, p1 = render(ARCH, agent_turns(1))
+    engine = make_engine(ARCH)
+    cold = serve(engine, p1, key=0)
+    assert all(c.token_ids for c in cold)  # not asked for: no admission chunk
+    chunks: list = []
+    req = GenerationRequest("r1", p1, SamplingParams(max_tokens=4, temperature=0.0,
+                                                     ignore_eos=True), report_admission=True)
+    engine.add_request(1, req, chunks.append)
+    assert engine.step()
+    first = chunks[0]
+    assert (first.token_ids, first.text, first.finish_reason) == ((), "", None)
+    assert (first.prompt_tokens, first.cached_tokens) == (len(p1), len(p1) - 1)
+    while engine.step():
+        pass
+    assert [c.cached_tokens for c in chunks[1:]] == [len(p1) - 1] * (len(chunks) - 1)
+    assert ids(chunks[1:]) == ids(cold) and all(c.token_ids for c in chunks[1:])

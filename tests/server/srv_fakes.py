@@ -40,6 +40,7 @@ class Script:
         fail_after: after this many tokens, finish with ``error``.
         cached_tokens: reported prompt tokens served from cache.
         start_delay_s: sleep before the first token (a long prefill / queue wait).
+        queued_s: sleep before the admission chunk (``report_admission``): a queue wait.
     """
 
     text: str
@@ -48,6 +49,7 @@ class Script:
     fail_after: int | None = None
     cached_tokens: int = 0
     start_delay_s: float = 0.0
+    queued_s: float = 0.0
 
 
 @dataclass
@@ -173,6 +175,10 @@ class FakeEngine(EngineClient):
             )
 
         try:
+            if script.queued_s:
+                await asyncio.sleep(script.queued_s)
+            if request.report_admission:  # admitted at once, as an idle engine would
+                yield out("")
             if script.start_delay_s:
                 await asyncio.sleep(script.start_delay_s)
             while script.endless or len(emitted) < len(ids):

@@ -133,6 +133,37 @@ def test_tool_round_trip_with_tool_result(srv, client):
     ]
 
 
+def test_text_before_tool_results_renders_after_them(srv):
+    # [text, tool_result, tool_result]: Anthropic's API wants the results first; harnesses that
+    # send the text first mean the same turn, so each result stays right after its call.
+    call = {"type": "tool_use", "id": "toolu_1", "name": "bash", "input": {"command": "ls"}}
+    history = USER + [
+        {"role": "assistant", "content": [call, {**call, "id": "toolu_2"}]},
+        {"role": "user", "content": [
+            {"type": "text", "text": "note"},
+            {"type": "tool_result", "tool_use_id": "toolu_1", "content": "a.py"},
+            {"type": "text", "text": "more"},
+            {"type": "tool_result", "tool_use_id": "toolu_2", "content": "b.py"},
+        ]},
+    ]
+    r = srv.http.post("/v1/messages", json={"max_tokens": 5, "messages": history,
+                                            "tools": [BASH]})
+    assert r.status_code == 200, r.text
+    assert srv.template.calls[-1]["messages"][2:] == [
+        {"role": "tool", "content": "a.py", "tool_call_id": "toolu_1"},
+        {"role": "tool", "content": "b.py", "tool_call_id": "toolu_2"},
+        {"role": "user", "content": "note\nmore"},
+    ]
+    # the prompt of the results alone is a prefix of it: the cached call and results are reused
+    with_text = srv.prompt_text()
+    history[-1]["content"] = [b for b in history[-1]["content"] if b["type"] == "tool_result"]
+    srv.http.post("/v1/messages", json={"max_tokens": 5, "messages": history, "tools": [BASH]})
+    results_only = srv.prompt_text()
+    cut = results_only.rindex("<|im_start|>assistant")  # without the generation prompt
+    assert with_text.startswith(results_only[:cut])
+    assert with_text.index("b.py") < with_text.index("note\nmore")
+
+
 def test_parallel_tool_uses_streamed_through_sdk(srv, client):
     srv.engine.push(
         "Two calls."
@@ -175,7 +206,7 @@ def test_thinking_blocks_carry_signatures(srv, client, stream):
         (None, False),
         ({"type": "disabled"}, False),
         ({"type": "adaptive"}, True),
-        ({"type": "enabled", "budget_tokens": 10}, True),
+        ({"type": "enabled", "budget_tokens": 1024}, True),
     ],
 )
 def test_enable_thinking_decision(srv, thinking, expected):

@@ -40,7 +40,7 @@ def test_thinking_text_tool_use_event_order(srv):
         {
             "messages": [{"role": "user", "content": "go"}],
             "tools": [BASH],
-            "thinking": {"type": "enabled", "budget_tokens": 100},
+            "thinking": {"type": "enabled", "budget_tokens": 1024},
         },
         "/v1/messages?beta=true",
     )
@@ -115,6 +115,32 @@ def test_stop_sequence_in_message_delta(srv):
     text = "".join(d["delta"]["text"] for n, d in events if n == "content_block_delta")
     assert text == "abc "
     assert events[-2][1]["delta"] == {"stop_reason": "stop_sequence", "stop_sequence": "STOP"}
+
+
+def test_message_start_usage_splits_cached_and_recomputed_prompt(srv):
+    # the engine reports the reuse at admission: message_start already carries it
+    srv.engine.push("ok", cached_tokens=3, start_delay_s=0.2)
+    events = stream_events(srv, {"model": "m", "max_tokens": 5, "stream": True,
+                                 "messages": [{"role": "user", "content": "x"}]})
+    prompt = len(srv.engine.last.request.prompt_ids)
+    assert srv.engine.last.request.report_admission
+    split = {"input_tokens": prompt - 3, "cache_creation_input_tokens": 0,
+             "cache_read_input_tokens": 3}
+    assert events[0][1]["message"]["usage"] == {**split, "output_tokens": 0}
+    assert events[-2][1]["usage"] == {**split, "output_tokens": srv.engine.last.tokens_sent}
+
+
+def test_message_start_comes_before_any_ping_while_queued(make_server):
+    # still queued after half a ping interval: message_start goes out with the whole prompt
+    served = make_server(ping_interval_s=0.2)
+    served.engine.push("ok", cached_tokens=3, queued_s=0.7)
+    events = stream_events(served, {"max_tokens": 5, "messages": [{"role": "user", "content": "x"}]})
+    names = [n for n, _ in events]
+    prompt = len(served.engine.last.request.prompt_ids)
+    assert names[:2] == ["message_start", "ping"]
+    assert names[: names.index("content_block_start")].count("ping") >= 3
+    assert events[0][1]["message"]["usage"]["input_tokens"] == prompt
+    assert events[-2][1]["usage"]["cache_read_input_tokens"] == 3
 
 
 def test_pings_while_waiting_for_the_engine(make_server):

@@ -57,3 +57,17 @@ def test_non_streaming_disconnect_aborts_generation(served, path, body):
     served.engine.push("after")
     r = served.http.post("/v1/chat/completions", json={"messages": USER})
     assert r.json()["choices"][0]["message"]["content"] == "after"
+
+
+def test_disconnect_while_queued_aborts_the_waiting_request(make_server):
+    # message_start went out before the admission (queued past half a ping interval)
+    served = make_server(ping_interval_s=0.2)
+    served.engine.push("tick ", endless=True, queued_s=3.0)
+    body = {"messages": USER, "stream": True, "max_tokens": 100}
+    with served.http.stream("POST", "/v1/messages", json=body) as r:
+        lines = r.iter_lines()
+        assert next(lines) == "event: message_start"
+    log = served.engine.last
+    assert log.ended.wait(2), "the engine iterator was not closed after the client left"
+    assert (log.outcome, log.tokens_sent) == ("closed", 0)
+    served.assert_healthy()

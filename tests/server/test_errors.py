@@ -202,6 +202,7 @@ CASES = [
         "ant-image",
         MSGS,
         {
+            "max_tokens": 5,
             "messages": [
                 {
                     "role": "user",
@@ -222,35 +223,35 @@ CASES = [
     (
         "ant-unknown-block",
         MSGS,
-        {"messages": [{"role": "user", "content": [{"type": "video"}]}]},
+        {"max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "video"}]}]},
         400,
         ant("messages.0.content.0.type: unsupported content type 'video'"),
     ),
     (
         "ant-tool-result-no-id",
         MSGS,
-        {"messages": [{"role": "user", "content": [{"type": "tool_result", "content": "x"}]}]},
+        {"max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "tool_result", "content": "x"}]}]},
         400,
         ant("messages.0.content.0.tool_use_id: Field required"),
     ),
     (
         "ant-text-block-no-text",
         MSGS,
-        {"messages": [{"role": "user", "content": [{"type": "text"}]}]},
+        {"max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "text"}]}]},
         400,
         ant("messages.0.content.0.text: Field required"),
     ),
     (
         "ant-bad-system-block",
         MSGS,
-        {"system": [{"type": "image"}], "messages": USER},
+        {"max_tokens": 5, "system": [{"type": "image"}], "messages": USER},
         400,
         ant("system.0: image content is not supported by this server (text-only model)"),
     ),
     (
         "ant-server-tool",
         MSGS,
-        {"messages": USER, "tools": [{"type": "web_search_20250305", "name": "web_search"}]},
+        {"max_tokens": 5, "messages": USER, "tools": [{"type": "web_search_20250305", "name": "web_search"}]},
         400,
         ant("tools.0.type: server tool 'web_search_20250305' is not supported"),
     ),
@@ -258,6 +259,7 @@ CASES = [
         "ant-unknown-tool-choice",
         MSGS,
         {
+            "max_tokens": 5,
             "messages": USER,
             "tools": [{"name": "bash", "input_schema": {}}],
             "tool_choice": {"type": "tool", "name": "nope"},
@@ -268,14 +270,14 @@ CASES = [
     (
         "ant-bad-thinking",
         MSGS,
-        {"messages": USER, "thinking": {"type": "sometimes"}},
+        {"max_tokens": 5, "messages": USER, "thinking": {"type": "sometimes"}},
         400,
         ant("thinking.type: Input should be 'enabled', 'adaptive' or 'disabled'"),
     ),
     (
         "ant-template-error",
         MSGS,
-        {"messages": [{"role": "user", "content": "__template_error__"}]},
+        {"max_tokens": 5, "messages": [{"role": "user", "content": "__template_error__"}]},
         400,
         ant("chat template error: stand-in template refused the conversation"),
     ),
@@ -325,7 +327,7 @@ def test_context_length_exceeded(make_server):
     probe = make_server(engine=FakeEngine(max_model_len=10_000))
     probe.http.post(CHAT, json={"messages": [{"role": "user", "content": long}]})
     n_chat = len(probe.engine.last.request.prompt_ids)
-    probe.http.post(MSGS, json={"messages": [{"role": "user", "content": long}]})
+    probe.http.post(MSGS, json={"max_tokens": 5, "messages": [{"role": "user", "content": long}]})
     n_msgs = len(probe.engine.last.request.prompt_ids)
 
     tight = make_server(engine=FakeEngine(max_model_len=n_chat))  # prompt + 1 > max_model_len
@@ -411,7 +413,7 @@ def test_unhealthy_engine(srv):
     message = "the engine is not healthy; try again later"
     r = srv.http.post(CHAT, json={"messages": USER})
     assert (r.status_code, r.json()) == (503, oai(message, kind="server_error"))
-    r = srv.http.post(MSGS, json={"messages": USER})
+    r = srv.http.post(MSGS, json={"max_tokens": 5, "messages": USER})
     assert (r.status_code, r.json()) == (503, ant(message, "overloaded_error"))
     srv.engine.healthy = True
     srv.assert_healthy()
@@ -422,7 +424,7 @@ def test_engine_failure_without_streaming_is_500(srv):
     r = srv.http.post(CHAT, json={"messages": USER})
     assert (r.status_code, r.json()) == (500, oai("fake engine failure", kind="server_error"))
     srv.engine.push("a b c d", fail_after=2)
-    r = srv.http.post(MSGS, json={"messages": USER})
+    r = srv.http.post(MSGS, json={"max_tokens": 5, "messages": USER})
     assert (r.status_code, r.json()) == (500, ant("fake engine failure", "api_error"))
     srv.assert_healthy()
 

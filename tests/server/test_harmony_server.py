@@ -126,7 +126,6 @@ def test_final_answer_both_apis(srv, stream):
     ({"reasoning_effort": "high"}, "high"),
     ({"reasoning_effort": "minimal"}, "low"),
     ({"reasoning_effort": "none"}, "low"),
-    ({"reasoning_effort": "bogus"}, "medium"),
     ({"chat_template_kwargs": {"enable_thinking": False}}, "low"),
     ({"chat_template_kwargs": {"reasoning_effort": "low"}, "reasoning_effort": "high"}, "low"),
 ])

@@ -210,7 +210,7 @@ def test_bug_is_a_500_and_keeps_the_connection(path, expected):
     served = Served(ServerConfig(served_model_name=MODEL), template=_ExplodingTemplate())
     try:
         with socket.create_connection(("127.0.0.1", served.live.port), timeout=10) as sock:
-            sock.sendall(_request("POST", path, b'{"messages": ' + USER.encode() + b"}"))
+            sock.sendall(_request("POST", path, b'{"max_tokens": 5, "messages": ' + USER.encode() + b"}"))
             status, headers, body = _read_response(sock)
             assert (status, json.loads(body)) == (500, expected)
             assert headers.get("connection") != "close"

@@ -78,12 +78,13 @@ def stub() -> Iterator[Stub]:
 @pytest.fixture
 def user(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A user whose HOME is ``tmp_path/home`` (holding their own opencode.json), with cloud keys set,
-    ``tmp_path/bin`` (empty) as the whole PATH, and no FreeToken, XDG or proxy variables."""
+    ``tmp_path/bin`` (empty) as the whole PATH, and no FreeToken, XDG or proxy variables (so no
+    clients cache but the empty ``~/.cache/freetoken/clients``)."""
     home = tmp_path / "home"
     (home / ".config" / "opencode").mkdir(parents=True)
     (home / ".config" / "opencode" / "opencode.json").write_text('{"model": "anthropic/claude-x"}\n')
     (tmp_path / "bin").mkdir()
-    for name in ("FREETOKEN_URL", "FREETOKEN_API_KEY", "XDG_CONFIG_HOME", "NO_PROXY", "no_proxy",
+    for name in ("FREETOKEN_URL", "FREETOKEN_API_KEY", "FREETOKEN_CACHE", "XDG_CONFIG_HOME", "NO_PROXY", "no_proxy",
                  "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("HOME", str(home))

@@ -1,0 +1,61 @@
+"""Values outside what each API allows are a 400 with the API's own exact error body (naming the
+field and the allowed values), and the server stays healthy: reasoning effort levels, Anthropic's
+required ``max_tokens``, its thinking budget floor and temperature range, and the completions
+endpoint's ``logprobs`` / ``best_of`` limits."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.server.test_errors import CHAT, MSGS, USER, ant, oai
+
+CMPL, RESP = "/v1/completions", "/v1/responses"
+OAI_LEVELS = "'none', 'minimal', 'low', 'medium', 'high', 'xhigh' or 'max'"
+ANT = {"messages": USER, "max_tokens": 5}
+
+CASES = [
+    ("chat-effort", CHAT, {"messages": USER, "reasoning_effort": "extreme"},
+     oai(f"reasoning_effort: Input should be {OAI_LEVELS}", "reasoning_effort")),
+    ("responses-effort", RESP, {"input": "hi", "reasoning": {"effort": "Hard"}},
+     oai(f"reasoning.effort: Input should be {OAI_LEVELS}", "reasoning.effort")),
+    ("ant-effort", MSGS, {**ANT, "output_config": {"effort": "extreme"}},
+     ant("output_config.effort: Input should be 'low', 'medium', 'high', 'xhigh' or 'max'")),
+    ("ant-effort-thinking-off", MSGS,
+     {**ANT, "thinking": {"type": "disabled"}, "output_config": {"effort": 3}},
+     ant("output_config.effort: Input should be 'low', 'medium', 'high', 'xhigh' or 'max'")),
+    ("ant-count-effort", "/v1/messages/count_tokens", {**ANT, "output_config": {"effort": "x"}},
+     ant("output_config.effort: Input should be 'low', 'medium', 'high', 'xhigh' or 'max'")),
+    ("ant-no-max-tokens", MSGS, {"messages": USER}, ant("max_tokens: Field required")),
+    ("ant-budget-low", MSGS, {**ANT, "thinking": {"type": "enabled", "budget_tokens": 1023}},
+     ant("thinking.budget_tokens: Input should be greater than or equal to 1024")),
+    ("ant-temperature-high", MSGS, {**ANT, "temperature": 1.5},
+     ant("temperature: Input should be less than or equal to 1")),
+    ("ant-temperature-negative", MSGS, {**ANT, "temperature": -0.1},
+     ant("temperature: Input should be greater than or equal to 0")),
+    ("cmpl-logprobs", CMPL, {"prompt": "x", "logprobs": 6},
+     oai("logprobs: Input should be less than or equal to 5", "logprobs")),
+    ("cmpl-best-of", CMPL, {"prompt": "x", "best_of": 2},
+     oai("best_of: Input should be 1", "best_of")),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "expected"), [c[1:] for c in CASES],
+                         ids=[c[0] for c in CASES])
+def test_out_of_range_value_is_a_400_with_exact_body(srv, path, body, expected):
+    r = srv.http.post(path, content=json.dumps(body), headers={"content-type": "application/json"})
+    assert (r.status_code, r.json()) == (400, expected)
+    assert srv.engine.logs == []  # nothing reached the engine
+    srv.assert_healthy()
+
+
+@pytest.mark.parametrize(("path", "body"), [
+    (CHAT, {"messages": USER, "reasoning_effort": "xhigh"}),
+    (RESP, {"input": "hi", "reasoning": {"effort": "minimal"}}),
+    (MSGS, {**ANT, "output_config": {"effort": "max"}, "temperature": 1.0,
+            "thinking": {"type": "enabled", "budget_tokens": 1024}}),
+    (CMPL, {"prompt": "x", "logprobs": 5, "best_of": 1}),
+], ids=["chat", "responses", "messages", "completions"])
+def test_values_at_the_limits_are_served(srv, path, body):
+    assert srv.http.post(path, json=body).status_code == 200
