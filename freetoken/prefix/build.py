@@ -42,7 +42,10 @@ class CacheConfig:
         page_size: tokens per KV page.
         kv_cache_bytes: size of the KV page pool (taken as given: requests longer than it are
             refused); None: room for ``max_running_requests`` full-length sequences within
-            :func:`default_kv_budget`, and at least one full-length sequence.
+            ``kv_budget_bytes`` (or :func:`default_kv_budget`), and at least one full-length
+            sequence.
+        kv_budget_bytes: the default pool's byte cap (``freetoken serve``: the memory plan's);
+            None: :func:`default_kv_budget`.
         checkpoint_slots: device-tier recurrent-state checkpoint slots.
         checkpoint_host_bytes: host-tier checkpoint byte budget.
         anchors: block kinds that get recurrent-state checkpoints.
@@ -57,6 +60,7 @@ class CacheConfig:
 
     page_size: int = DEFAULT_PAGE_SIZE
     kv_cache_bytes: int | None = None
+    kv_budget_bytes: int | None = None
     checkpoint_slots: int = DEFAULT_CHECKPOINT_SLOTS
     checkpoint_host_bytes: int = DEFAULT_CHECKPOINT_HOST_BYTES
     anchors: AnchorPolicy = field(default_factory=AnchorPolicy.default)
@@ -97,6 +101,8 @@ def build_prefix_cache(model, tokenizer, max_model_len: int, config: CacheConfig
     if kv_layout is None:
         return None
     budget = config.kv_cache_bytes
+    if budget is None:
+        budget = config.kv_budget_bytes
     if budget is None:
         budget = default_kv_budget(device)
     pages = default_num_pages(kv_layout, config.page_size, max_model_len,
