@@ -88,8 +88,8 @@ def _add_cache_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--state-checkpoint-bytes", type=_size_or_zero, default=None, metavar="SIZE",
                    help="host-tier byte budget for recurrent-state checkpoints (default a quarter "
                         "of the host memory left after the weights and a reserve, used as "
-                        "needed; refused at start when it does not fit; 0 keeps only the device "
-                        "slots)")
+                        "needed, shrunk while host memory is below the plan's reserve; refused at "
+                        "start when it does not fit; 0 keeps only the device slots)")
     g.add_argument("--anchors", type=_anchor_policy, default=None, metavar="KINDS",
                    help="block kinds that get checkpoints: comma list of turn_start, "
                         "thinking_start, tool_call_start, tool_output_start, generation_start, "

@@ -286,6 +286,16 @@ def memory_plan(args: argparse.Namespace, path: Path, *, meminfo=None, device_me
                        device_name=str(device))
 
 
+def moe_for_plan(moe: MoeConfig, plan) -> MoeConfig:
+    """``moe`` with its default expert-cache size capped at the plan's room on a CUDA device
+    (so the KV pool planned beside it still fits); unchanged on a CPU device or without a plan."""
+    import dataclasses
+
+    if plan is None or plan.on_cpu or plan.expert_cache_bytes <= 0:
+        return moe
+    return dataclasses.replace(moe, default_cache_bytes=plan.expert_cache_bytes)
+
+
 def cache_settings(args: argparse.Namespace, plan=None):
     """The :class:`~freetoken.prefix.build.CacheConfig` of the serve flags; the budgets left
     unset come from ``plan`` (a ``MemoryPlan``; None: the library defaults)."""
@@ -302,6 +312,7 @@ def cache_settings(args: argparse.Namespace, plan=None):
         kv_budget_bytes=None if plan is None else plan.kv_cache_bytes,
         checkpoint_slots=args.state_checkpoint_slots,
         checkpoint_host_bytes=host,
+        checkpoint_host_floor=None if plan is None else plan.reserve_host,
         anchors=args.anchors if args.anchors is not None else AnchorPolicy.default(),
         prefix_reuse=not args.no_prefix_reuse,
         max_running_requests=args.max_running_requests,
@@ -440,7 +451,7 @@ class BackgroundLoad:
         args, state = self.args, self.state
         started = time.perf_counter()
         state.set_stage("profile")
-        moe, bandwidths = moe_settings(args, self.path, self.moe)
+        moe, bandwidths = moe_settings(args, self.path, moe_for_plan(self.moe, self.plan))
         engine = AsyncEngine.from_pretrained(
             self.path, dtype=self.dtype, device=args.device, max_model_len=args.max_model_len,
             progress=_say, moe=moe, bandwidths=bandwidths, record_routing=args.record_routing,

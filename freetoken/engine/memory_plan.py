@@ -122,7 +122,8 @@ class MemoryPlan:
         """The start-up table: one aligned line per budget (what, where, bytes, how decided)."""
         dev = "host (cpu device)" if self.on_cpu else self.device
         kv = "--kv-cache-bytes" if self.kv_explicit else "cap: 25% of the pool"
-        ckpt = "--state-checkpoint-bytes" if self.checkpoint_host_explicit else "25% of the host pool"
+        ckpt = ("--state-checkpoint-bytes" if self.checkpoint_host_explicit
+                else "25% of the host pool")
         rows = [("available", "host", self.host_available, f"of {format_bytes(self.host_total)}")]
         if not self.on_cpu:
             rows.append(("available", dev, self.device_available,
@@ -167,7 +168,8 @@ class _Pool:
 
     def take(self, flag: str, need: int) -> int:
         if need > self.left:
-            after = [f"{format_bytes(self.weights)} of weights", f"a {format_bytes(self.reserve)} reserve"]
+            after = [f"{format_bytes(self.weights)} of weights",
+                     f"a {format_bytes(self.reserve)} reserve"]
             after += [f"{format_bytes(n)} of {f}" for f, n in self.taken]
             joined = ", ".join(after[:-1]) + " and " + after[-1]
             raise PlanError(f"{flag} {format_bytes(need)} does not fit: "

@@ -181,6 +181,7 @@ def test_serve_defaults_come_from_the_plan(tiny_checkpoint):
     cache = cache_settings(args, plan)
     assert (cache.kv_cache_bytes, cache.kv_budget_bytes, cache.checkpoint_host_bytes) == \
         (None, pool // 4, pool // 4)
+    assert cache.checkpoint_host_floor == plan.reserve_host == 4 * GiB  # the tier's watcher
     explicit = _serve_args(args.model, "--state-checkpoint-bytes", "0")
     assert cache_settings(explicit, plan).checkpoint_host_bytes == 0
 
@@ -199,3 +200,17 @@ def test_serve_refuses_a_budget_that_does_not_fit_before_loading(tiny_checkpoint
         f"{mp.format_bytes(20 * GiB - weights)} available after {mp.format_bytes(weights)} of "
         "weights and a 4.00 GiB reserve",
     ]
+
+
+def test_the_plan_caps_the_default_expert_cache_on_cuda_only():
+    from freetoken.launch import moe_for_plan
+    from freetoken.offload.backend import MoeConfig
+
+    cuda = plan_memory(HostMemory(total=50 * GiB, available=47 * GiB),
+                       DeviceMemory(total=20 * GiB, free=18 * GiB),
+                       WeightBytes(experts=30 * GiB, other=4 * GiB), device_name="cuda:0")
+    cpu = plan_memory(HostMemory(total=40 * GiB, available=24 * GiB), None,
+                      WeightBytes(experts=6 * GiB, other=2 * GiB))
+    moe = MoeConfig(backend="hybrid")
+    assert moe_for_plan(moe, cuda) == MoeConfig(backend="hybrid", default_cache_bytes=9 * GiB)
+    assert moe_for_plan(moe, cpu) is moe and moe_for_plan(moe, None) is moe
