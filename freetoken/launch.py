@@ -35,7 +35,7 @@ ENDPOINTS = (
     ("POST", "/v1/messages/count_tokens", "Anthropic token count"),
     ("GET", "/health", "health check"),
     ("GET", "/metrics", "Prometheus metrics"),
-    ("GET", "/v1/freetoken/memory", "expert cache size"),
+    ("GET", "/v1/freetoken/memory", "expert cache size and the memory plan"),
     ("POST", "/v1/freetoken/memory", "resize the expert cache"),
     ("POST", "/v1/sessions", "create a harness session"),
     ("GET", "/v1/sessions", "harness sessions and their prefix reuse"),
