@@ -75,7 +75,9 @@ def _add_cache_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--kv-cache-bytes", type=_size, default=None, metavar="SIZE",
                    help="KV page pool size, taken as given (e.g. 8GiB; requests longer than the "
                         "pool are refused; default: max-running-requests full-length sequences "
-                        "within a quarter of device memory, at least one sequence)")
+                        "within a quarter of the device memory left after the weights and a "
+                        "reserve (the memory plan printed at start), at least one sequence; "
+                        "refused at start when it does not fit)")
     g.add_argument("--max-num-batched-tokens", type=int_at_least(1), default=2048,
                    metavar="TOKENS", help="token budget of one engine step: the longest prefill "
                                           "chunk (default 2048)")
@@ -84,8 +86,10 @@ def _add_cache_options(p: argparse.ArgumentParser) -> None:
                    help="device-tier recurrent-state checkpoint slots "
                         f"(default {DEFAULT_CHECKPOINT_SLOTS})")
     g.add_argument("--state-checkpoint-bytes", type=_size_or_zero, default=None, metavar="SIZE",
-                   help="host-tier byte budget for recurrent-state checkpoints (default 16GiB, used as needed; "
-                        "0 keeps only the device slots)")
+                   help="host-tier byte budget for recurrent-state checkpoints (default a quarter "
+                        "of the host memory left after the weights and a reserve, used as "
+                        "needed, shrunk while host memory is below the plan's reserve; refused at "
+                        "start when it does not fit; 0 keeps only the device slots)")
     g.add_argument("--anchors", type=_anchor_policy, default=None, metavar="KINDS",
                    help="block kinds that get checkpoints: comma list of turn_start, "
                         "thinking_start, tool_call_start, tool_output_start, generation_start, "

@@ -35,7 +35,7 @@ ENDPOINTS = (
     ("POST", "/v1/messages/count_tokens", "Anthropic token count"),
     ("GET", "/health", "health check"),
     ("GET", "/metrics", "Prometheus metrics"),
-    ("GET", "/v1/freetoken/memory", "expert cache size"),
+    ("GET", "/v1/freetoken/memory", "expert cache size and the memory plan"),
     ("POST", "/v1/freetoken/memory", "resize the expert cache"),
     ("POST", "/v1/sessions", "create a harness session"),
     ("GET", "/v1/sessions", "harness sessions and their prefix reuse"),
@@ -271,18 +271,70 @@ def moe_settings(args: argparse.Namespace, path: Path, moe):
     return moe, (profile.bandwidth_p_gbps, profile.bandwidth_h_gbps)
 
 
-def cache_settings(args: argparse.Namespace):
-    """The :class:`~freetoken.prefix.build.CacheConfig` of the serve flags."""
+def memory_plan(args: argparse.Namespace, path: Path, *, meminfo=None, device_memory=None):
+    """The :class:`~freetoken.engine.memory_plan.MemoryPlan` of the serve flags for the
+    checkpoint ``path``, before anything loads (weights from its safetensors headers).
+
+    Args:
+        meminfo: a ``/proc/meminfo`` reader (tests); device_memory: ``(free, total)`` of the
+            CUDA device (tests; default ``torch.cuda.mem_get_info``).
+
+    Raises:
+        PlanError: an explicit budget does not fit (the line to print).
+    """
+    import torch
+
+    from freetoken.engine.memory_plan import (
+        Budgets,
+        DeviceMemory,
+        checkpoint_weight_bytes,
+        host_memory,
+        plan_memory,
+        read_meminfo,
+    )
+
+    device = torch.device(args.device)
+    dev = None
+    if device.type == "cuda":
+        free, total = device_memory or torch.cuda.mem_get_info(device)
+        dev = DeviceMemory(total=total, free=free)
+    resident = {"resident": True, "auto": None}.get(args.moe_backend, False)
+    width = 2 if args.dtype == "bfloat16" else 4
+    return plan_memory(host_memory(meminfo or read_meminfo), dev,
+                       checkpoint_weight_bytes(path, width),
+                       Budgets(kv_cache_bytes=args.kv_cache_bytes,
+                               checkpoint_host_bytes=args.state_checkpoint_bytes),
+                       experts_resident=resident, checkpoint_slots=args.state_checkpoint_slots,
+                       device_name=str(device))
+
+
+def moe_for_plan(moe: MoeConfig, plan) -> MoeConfig:
+    """``moe`` with its default expert-cache size capped at the plan's room on a CUDA device
+    (so the KV pool planned beside it still fits); unchanged on a CPU device or without a plan."""
+    import dataclasses
+
+    if plan is None or plan.on_cpu or plan.expert_cache_bytes <= 0:
+        return moe
+    return dataclasses.replace(moe, default_cache_bytes=plan.expert_cache_bytes)
+
+
+def cache_settings(args: argparse.Namespace, plan=None):
+    """The :class:`~freetoken.prefix.build.CacheConfig` of the serve flags; the budgets left
+    unset come from ``plan`` (a ``MemoryPlan``; None: the library defaults)."""
     from freetoken.prefix.anchors import AnchorPolicy
     from freetoken.prefix.build import CacheConfig
     from freetoken.prefix.manager import DEFAULT_CHECKPOINT_HOST_BYTES
 
     host = args.state_checkpoint_bytes
+    if host is None:
+        host = DEFAULT_CHECKPOINT_HOST_BYTES if plan is None else plan.checkpoint_host_bytes
     return CacheConfig(
         page_size=args.page_size,
         kv_cache_bytes=args.kv_cache_bytes,
+        kv_budget_bytes=None if plan is None else plan.kv_cache_bytes,
         checkpoint_slots=args.state_checkpoint_slots,
-        checkpoint_host_bytes=DEFAULT_CHECKPOINT_HOST_BYTES if host is None else host,
+        checkpoint_host_bytes=host,
+        checkpoint_host_floor=None if plan is None else plan.reserve_host,
         anchors=args.anchors if args.anchors is not None else AnchorPolicy.default(),
         prefix_reuse=not args.no_prefix_reuse,
         max_running_requests=args.max_running_requests,
@@ -334,8 +386,16 @@ def serve(args: argparse.Namespace) -> int:
         sock.close()
         _say(f"error: cannot load {path}: {exc}")
         return 2
+    try:  # explicit budgets that cannot fit are refused before loading
+        plan = memory_plan(args, path)
+    except ValueError as exc:
+        sock.close()
+        _say(f"error: {exc}")
+        return 2
+    for line in plan.table():
+        _say(line)
     state = LoadState()
-    load = BackgroundLoad(args, path, moe, dtype, config, state)
+    load = BackgroundLoad(args, path, moe, dtype, config, state, plan)
     server = _uvicorn_server(uvicorn.Config(LoadingApp(state, config, start=load.start),
                                             log_level=args.log_level), lambda: load.engine)
     load.on_failure = lambda: setattr(server, "should_exit", True)
@@ -367,8 +427,9 @@ class BackgroundLoad:
     """
 
     def __init__(self, args: argparse.Namespace, path: Path, moe: MoeConfig, dtype: torch.dtype,
-                 config: ServerConfig, state: LoadState) -> None:
+                 config: ServerConfig, state: LoadState, plan=None) -> None:
         self.args, self.path, self.moe, self.dtype = args, path, moe, dtype
+        self.plan = plan  # the MemoryPlan: budgets not set by flags, GET /v1/freetoken/memory
         self.config, self.state = config, state
         self.on_failure: Callable[[], None] = lambda: None
         self.exit_status = 0
@@ -413,12 +474,14 @@ class BackgroundLoad:
         args, state = self.args, self.state
         started = time.perf_counter()
         state.set_stage("profile")
-        moe, bandwidths = moe_settings(args, self.path, self.moe)
+        moe, bandwidths = moe_settings(args, self.path, moe_for_plan(self.moe, self.plan))
         engine = AsyncEngine.from_pretrained(
             self.path, dtype=self.dtype, device=args.device, max_model_len=args.max_model_len,
             progress=_say, moe=moe, bandwidths=bandwidths, record_routing=args.record_routing,
-            cache=cache_settings(args), max_num_batched_tokens=args.max_num_batched_tokens,
+            cache=cache_settings(args, self.plan),
+            max_num_batched_tokens=args.max_num_batched_tokens,
             on_stage=state.set_stage, on_step=_test_delay(state.step))
+        engine.memory_plan = self.plan
         try:
             app = create_app(engine, self.config)
         except BaseException:

@@ -116,6 +116,7 @@ class AsyncEngine(EngineClient):
         self.tokenizer = tokenizer
         self.moe = moe
         self.routing_recorder = routing_recorder
+        self.memory_plan = None  # freetoken serve's MemoryPlan (GET /v1/freetoken/memory)
         self._engine = Engine(
             model, tokenizer, info, max_num_batched_tokens=max_num_batched_tokens, device=device,
             routing_recorder=routing_recorder, cache=cache,

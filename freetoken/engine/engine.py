@@ -85,6 +85,12 @@ class Engine:
         self.recent = RecentRequests()
         self._stats_at = 0.0
         self._refresh_prefix_stats(force=True)
+        self.host_watcher = None  # shrinks the host checkpoint tier under memory pressure
+        store = self.prefix.store if self.prefix is not None else None
+        if store is not None and store.host_bytes and cache.checkpoint_host_floor:
+            from freetoken.prefix.host_watcher import HostTierWatcher
+
+            self.host_watcher = HostTierWatcher(store, cache.checkpoint_host_floor)
 
     def add_request(
         self,
@@ -141,6 +147,8 @@ class Engine:
         Returns:
             False when there was nothing to do.
         """
+        if self.host_watcher is not None:
+            self.host_watcher.check()
         batch = self.scheduler.schedule()
         for req, why in self.scheduler.drain_rejected():
             self._finish(req.key, "error", why, scheduled=False)

@@ -66,6 +66,9 @@ class MoeConfig:
             (no watcher). With a floor, a memory watcher
             (``freetoken.offload.watcher``) shrinks the expert cache when free memory drops below
             it and regrows it toward the requested size when memory returns.
+        default_cache_bytes: caps the default cache size on a CUDA device (``freetoken serve``:
+            the memory plan's room for the expert cache, what the KV pool and the reserve leave);
+            None: no cap. An explicit ``cache`` is taken as given.
 
     Raises:
         ValueError: unknown backend / policy / split, bad cache spec, bad ratio or eta, unknown
@@ -86,6 +89,7 @@ class MoeConfig:
     expert_format: str = "dense"
     cpu_activations: str = "auto"
     memory_floor: str | None = None
+    default_cache_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if self.backend not in MOE_BACKENDS:

@@ -198,6 +198,8 @@ def build_offloaded(model_cls: type[DecoderLM], config: ModelConfig, checkpoint:
     floor = moe.memory_floor_bytes()
     if budget is not None and floor is not None:  # the default size leaves the floor free
         budget = max(slot, min(budget, free - floor))
+    if budget is not None and moe.default_cache_bytes is not None:  # the memory plan's room
+        budget = max(slot, min(budget, moe.default_cache_bytes))
     slots = resolve_slots(moe.cache, slot, banks.num_ids, budget)
     cache = ExpertCache(banks, slots, device, dtype, make_scores(moe.policy, banks.num_ids, device))
     ratio = moe.ratio or (bandwidths[0] / bandwidths[1] if bandwidths else DEFAULT_RATIO)

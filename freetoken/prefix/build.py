@@ -42,9 +42,16 @@ class CacheConfig:
         page_size: tokens per KV page.
         kv_cache_bytes: size of the KV page pool (taken as given: requests longer than it are
             refused); None: room for ``max_running_requests`` full-length sequences within
-            :func:`default_kv_budget`, and at least one full-length sequence.
+            ``kv_budget_bytes`` (or :func:`default_kv_budget`), and at least one full-length
+            sequence.
+        kv_budget_bytes: the default pool's byte cap (``freetoken serve``: the memory plan's;
+            on CUDA also at most the free memory when the pool is built); None:
+            :func:`default_kv_budget`.
         checkpoint_slots: device-tier recurrent-state checkpoint slots.
         checkpoint_host_bytes: host-tier checkpoint byte budget.
+        checkpoint_host_floor: host bytes (``MemAvailable``) to keep: below it the host tier
+            shrinks (``freetoken.prefix.host_watcher``; ``freetoken serve``: the memory plan's
+            host reserve); None: no watcher.
         anchors: block kinds that get recurrent-state checkpoints.
         prefix_reuse: False computes every request from position 0.
         max_running_requests: requests batched concurrently.
@@ -57,8 +64,10 @@ class CacheConfig:
 
     page_size: int = DEFAULT_PAGE_SIZE
     kv_cache_bytes: int | None = None
+    kv_budget_bytes: int | None = None
     checkpoint_slots: int = DEFAULT_CHECKPOINT_SLOTS
     checkpoint_host_bytes: int = DEFAULT_CHECKPOINT_HOST_BYTES
+    checkpoint_host_floor: int | None = None
     anchors: AnchorPolicy = field(default_factory=AnchorPolicy.default)
     prefix_reuse: bool = True
     max_running_requests: int = DEFAULT_MAX_RUNNING_REQUESTS
@@ -97,6 +106,11 @@ def build_prefix_cache(model, tokenizer, max_model_len: int, config: CacheConfig
     if kv_layout is None:
         return None
     budget = config.kv_cache_bytes
+    if budget is None and config.kv_budget_bytes is not None:
+        budget = config.kv_budget_bytes
+        dev = torch.device(device) if device is not None else torch.device("cpu")
+        if dev.type == "cuda":  # the plan was made before loading: never above what is free now
+            budget = min(budget, int(torch.cuda.mem_get_info(dev)[0]))
     if budget is None:
         budget = default_kv_budget(device)
     pages = default_num_pages(kv_layout, config.page_size, max_model_len,

@@ -283,6 +283,22 @@ class CheckpointStore:
         for cid in list(self._entries):
             self._remove(cid)
 
+    def resize_host(self, host_bytes: int) -> int:
+        """Set the host tier's byte budget to ``host_bytes`` (>= 0) now: host checkpoints over
+        the new capacity are evicted in the store's eviction order (value, then least recently
+        used) and spare buffers beyond it are freed. Returns the checkpoints evicted."""
+        if host_bytes < 0:
+            raise ValueError(f"host_bytes must be >= 0, got {host_bytes}")
+        bpc = self.layout.bytes_per_checkpoint()
+        self.host_bytes = host_bytes
+        self.host_capacity = host_bytes // bpc if bpc else 0
+        evicted = 0
+        while self.num_in(HOST) > self.host_capacity:
+            self._evict(self._pick(HOST))
+            evicted += 1
+        del self._spare_host[max(0, self.host_capacity - self.num_in(HOST)):]
+        return evicted
+
     def check_invariants(self) -> None:
         """Raise AssertionError unless slots, buffers and node links are consistent."""
         used = sorted(e.slot for e in self._entries.values() if e.tier == DEVICE)

@@ -129,8 +129,10 @@ def admin_router(ctx: ServerContext) -> APIRouter:
     @router.get("/v1/freetoken/memory")
     async def get_memory() -> Response:
         """The expert cache (``expert_cache: null`` on the resident backend, with
-        ``resident_experts`` when a CPU device keeps them in a kernel format)."""
+        ``resident_experts`` when a CPU device keeps them in a kernel format); under
+        ``freetoken serve`` also the start-up memory plan as ``plan``."""
         moe = ctx.engine.moe
+        plan = getattr(ctx.engine, "memory_plan", None)
         if moe is None:
             body = {"backend": "resident", FIELD: None}
             banked = ctx.engine.info.resident_experts
@@ -138,8 +140,11 @@ def admin_router(ctx: ServerContext) -> APIRouter:
                 body["resident_experts"] = {"expert_format": banked.format,
                                             "bank_bytes": banked.bytes,
                                             "cpu_activations": banked.cpu_activations}
-            return JSONResponse(body)
-        return JSONResponse(memory_body(await between_steps(moe.stats)))
+        else:
+            body = memory_body(await between_steps(moe.stats))
+        if plan is not None:  # the start-up memory plan (freetoken serve)
+            body["plan"] = plan.as_dict()
+        return JSONResponse(body)
 
     @router.post("/v1/freetoken/memory")
     async def set_memory(request: Request) -> Response:

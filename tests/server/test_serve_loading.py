@@ -141,3 +141,42 @@ def test_a_checkpoint_that_fails_after_binding_exits_2_with_the_error(tmp_path: 
     listening = next(i for i, line in enumerate(lines) if "listening on" in line)
     assert listening < lines.index(errors[0])  # it failed after the port answered
     assert not any("Traceback" in line for line in lines)
+
+
+def test_serve_prints_the_memory_plan_and_serves_it(tmp_path: Path) -> None:
+    """A real start prints the plan as one table before loading, sizes the defaults from it (on
+    this machine the tiny model's host checkpoint tier is far below the old fixed 16 GiB) and
+    serves it as ``plan`` in ``GET /v1/freetoken/memory``."""
+    from freetoken.units import format_bytes
+
+    server = _start(tmp_path / "serve.log")
+    try:
+        server._wait_healthy(120)
+        with httpx.Client(base_url=server.base_url, timeout=30) as http:
+            plan = http.get("/v1/freetoken/memory").json()["plan"]
+    finally:
+        code = server.stop()
+    lines = server.log_tail(100_000).splitlines()
+    assert code == 0, "\n".join(lines)
+    assert plan["device"] == "cpu" and not plan["kv_explicit"]
+    assert 0 < plan["weights_device"] < 2**30  # the tiny model: tens of MiB
+    pool = plan["host_available"] - plan["weights_device"] - plan["reserve_host"]
+    assert plan["reserve_host"] == max(plan["host_total"] // 10, 2**30)
+    assert plan["kv_cache_bytes"] == plan["checkpoint_host_bytes"] == pool // 4
+    assert plan["host_left"] == pool - 2 * (pool // 4) > 0
+    assert plan["checkpoint_host_bytes"] < plan["host_available"] // 4 < 16 * 2**30
+    start = lines.index("[freetoken] memory plan:")
+    assert lines[start + 1:start + 8] == [
+        f"[freetoken]   {what:<13}{where:<18}{format_bytes(size) if size is not None else '-':>11}"
+        f"  {how}".rstrip() for what, where, size, how in [
+            ("available", "host", plan["host_available"],
+             f"of {format_bytes(plan['host_total'])}"),
+            ("weights", "host (cpu device)", plan["weights_device"], "all tensors"),
+            ("KV pool", "host (cpu device)", plan["kv_cache_bytes"], "cap: 25% of the pool"),
+            ("checkpoints", "host (cpu device)", None, "8 slots"),
+            ("checkpoints", "host", plan["checkpoint_host_bytes"], "25% of the host pool"),
+            ("reserve", "host", plan["reserve_host"], "max(10% of total, 1 GiB)"),
+            ("left", "host", plan["host_left"], "")]]
+    assert start < next(i for i, line in enumerate(lines) if "listening on" in line)
+    ckpt_mib = f"{plan['checkpoint_host_bytes'] / 2**20:.0f} MiB host tier"
+    assert any(line.startswith("[freetoken] KV cache:") and ckpt_mib in line for line in lines)
