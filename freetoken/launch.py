@@ -37,6 +37,8 @@ ENDPOINTS = (
     ("GET", "/metrics", "Prometheus metrics"),
     ("GET", "/v1/freetoken/memory", "expert cache size and the memory plan"),
     ("POST", "/v1/freetoken/memory", "resize the expert cache"),
+    ("GET", "/v1/freetoken/status", "the engine at a glance (JSON behind /ui)"),
+    ("GET", "/ui/", "the operator page: live charts, memory, sessions, chat"),
     ("POST", "/v1/sessions", "create a harness session"),
     ("GET", "/v1/sessions", "harness sessions and their prefix reuse"),
     ("GET", "/v1/sessions/{id}", "one harness session"),

@@ -58,7 +58,7 @@ def add_launch_parser(sub: argparse._SubParsersAction) -> None:
                    help="served model to use (default: the only one GET /v1/models lists)")
     p.add_argument("--api-key", default=None, metavar="KEY",
                    help="the server's API key (default $FREETOKEN_API_KEY, else a placeholder)")
-    p.add_argument("--wait", type=float, default=DEFAULT_WAIT_S, metavar="S",
+    p.add_argument("--wait", type=_seconds, default=DEFAULT_WAIT_S, metavar="S",
                    help="seconds to wait for a server still loading its model "
                         f"(default {DEFAULT_WAIT_S:.0f})")
     p.add_argument("--dry-run", action="store_true",
@@ -69,12 +69,28 @@ def _say(message: str) -> None:
     print(f"{PROG}: {message}", file=sys.stderr, flush=True)
 
 
+def _seconds(text: str) -> float:
+    """``--wait``: a number of seconds >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"expected seconds >= 0, got {text!r}")
+    return value
+
+
 def _show_load(terminal: bool) -> Callable[[str, bool], None]:
     """A ``wait_until_loaded`` progress printer: one line rewritten in place on a terminal, else
     a line per stage."""
     shown = [""]
 
     def show(line: str, last: bool) -> None:
+        if last and line != "loaded":  # the load failed: end the progress line, the error follows
+            if terminal:
+                sys.stderr.write("\n")
+                sys.stderr.flush()
+            return
         text = "model loaded" if last else f"waiting for the server to load its model: {line}"
         if terminal:
             sys.stderr.write(f"\r{PROG}: {text}\x1b[K" + ("\n" if last else ""))

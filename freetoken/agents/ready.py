@@ -79,7 +79,8 @@ def wait_until_loaded(server: str, timeout_s: float = DEFAULT_WAIT_S, *,
         server: base URL (no ``/v1``).
         timeout_s: how long to wait for a load.
         show: called with a progress line and whether it is the last one, on each poll while
-            loading (None: silent).
+            loading, then with ``"loaded"`` or (before the error is raised) ``"failed"`` and True
+            (None: silent).
         fetch, sleep, clock: the ``/health`` call and the time source (tests replace them).
 
     Raises:
@@ -92,9 +93,14 @@ def wait_until_loaded(server: str, timeout_s: float = DEFAULT_WAIT_S, *,
         health = fetch(server)
         progress = loading_progress(health)
         if progress is None:
+            try:
+                _check_answer(server, health, seen_loading)
+            except DiscoveryError:
+                if seen_loading and show is not None:
+                    show("failed", True)
+                raise
             if seen_loading and show is not None:
                 show("loaded", True)
-            _check_answer(server, health, seen_loading)
             return
         seen_loading = True
         line = describe_progress(progress)

@@ -75,6 +75,7 @@ def test_a_failed_load_is_the_servers_error() -> None:
         s.wait()
     assert str(info.value) == (f"the server at {SERVER} failed to load its model: "
                                "cannot load /m: truncated")
+    assert s.shown == [("weights 10% (10 B of 100 B), 1 s", False), ("failed", True)]  # not "loaded"
 
 
 def test_a_server_that_goes_away_while_loading() -> None:
@@ -83,6 +84,7 @@ def test_a_server_that_goes_away_while_loading() -> None:
         s.wait()
     assert str(info.value) == (f"the server at {SERVER} stopped answering while it loaded its "
                                "model; see its log")
+    assert s.shown[-1] == ("failed", True)
 
 
 def test_gives_up_after_the_timeout() -> None:
@@ -174,3 +176,23 @@ def test_launch_wait_timeout_is_one_line(fake_server, capsys) -> None:
     assert err.splitlines()[-1] == (
         f"freetoken launch: error: the server at {url} is still loading its model after 0 s "
         "(weights 25% (1 B of 4 B), 1 s); wait longer with --wait SECONDS")
+
+
+@pytest.mark.parametrize("value", ["-5", "nan", "soon"])
+def test_launch_wait_must_be_seconds(value, capsys) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["launch", "claude", "--dry-run", "--wait", value])
+    assert info.value.code == 2
+    assert "argument --wait: expected seconds" in capsys.readouterr().err
+
+
+def test_launch_never_says_loaded_when_the_load_failed(fake_server, capsys) -> None:
+    fake_server.health = [(503, loading("weights", 1, 4).body),
+                          (503, {"status": "failed", "error": "cannot load /m: bad"})]
+    url = _url(fake_server)
+    assert main(["launch", "claude", "--server", url, "--dry-run"]) == 2
+    out, err = capsys.readouterr()
+    assert (out, err) == ("", "freetoken launch: waiting for the server to load its model: "
+                              "weights 25% (1 B of 4 B), 1 s\n"
+                              f"freetoken launch: error: the server at {url} failed to load its "
+                              "model: cannot load /m: bad\n")

@@ -103,6 +103,9 @@ async function poll() {
     const box = document.getElementById("error");
     box.textContent = "status: " + err.message;
     box.hidden = false;
+    const health = document.getElementById("health");  // the server no longer answers in kind
+    health.textContent = "unreachable";
+    health.className = "badge bad";
   } finally {
     setTimeout(poll, POLL_MS);
   }

@@ -26,6 +26,8 @@ async function streamChat(messages, maxTokens, onDelta) {
       const data = line.slice(5).trim();
       if (data === "[DONE]") return usage;
       const chunk = JSON.parse(data);
+      // the server ends a stream it cannot finish (shutdown, engine error) with an error chunk
+      if (chunk.error) throw new Error(chunk.error.message || "the stream ended with an error");
       if (chunk.usage) usage = chunk.usage;
       for (const choice of chunk.choices || []) onDelta(choice.delta || {});
     }
