@@ -22,6 +22,7 @@ from freetoken.server.config import ServerConfig
 from freetoken.server.context import ServerContext, load_json
 from freetoken.server.errors import APIError, bad_request
 from freetoken.server.metrics import CONTENT_TYPE, render_metrics
+from freetoken.server.status import health_and_moe_stats
 
 T = TypeVar("T")
 FIELD = "expert_cache"
@@ -115,13 +116,7 @@ def admin_router(ctx: ServerContext) -> APIRouter:
     async def metrics() -> Response:
         """Prometheus text: engine counters, plus the MoE runtime's when there is one."""
         engine = ctx.engine
-        healthy = engine.is_healthy()
-        stats = None
-        if engine.moe is not None and healthy:
-            try:
-                stats = await engine.run_between_steps(engine.moe.stats)
-            except EngineDeadError:
-                healthy = False
+        healthy, stats = await health_and_moe_stats(engine)
         text = render_metrics(engine.counters(), stats, healthy=healthy,
                               sessions=ctx.sessions.metrics())
         return Response(text, media_type=CONTENT_TYPE)

@@ -94,6 +94,18 @@ def totals(counters: EngineCounters) -> Totals:
                   waiting=counters.waiting)
 
 
+
+async def health_and_moe_stats(engine) -> tuple[bool, MoeStats | None]:
+    """Whether the engine is healthy, and its MoE runtime's stats (read between two steps) when
+    it has one and is healthy; an engine that dies meanwhile reads as unhealthy."""
+    healthy = engine.is_healthy()
+    if engine.moe is None or not healthy:
+        return healthy, None
+    try:
+        return True, await engine.run_between_steps(engine.moe.stats)
+    except EngineDeadError:
+        return False, None
+
 class StatusBuilder:
     """Builds the status of one app (keeps the tokenizer's anchor markers)."""
 
@@ -127,13 +139,7 @@ class StatusBuilder:
     async def build(self) -> Status:
         """The whole status now."""
         engine = self.ctx.engine
-        healthy = engine.is_healthy()
-        stats = None
-        if engine.moe is not None and healthy:
-            try:
-                stats = await engine.run_between_steps(engine.moe.stats)
-            except EngineDeadError:
-                healthy = False
+        healthy, stats = await health_and_moe_stats(engine)
         counters = engine.counters()
         harness_totals, live = self.ctx.sessions.metrics()
         harnesses = [HarnessStatus(harness=name, sessions=live.get(name, 0),
