@@ -45,6 +45,7 @@ class ClientRun:
     seconds: float
     exchanges: list[Exchange]
     server_log: str
+    exited: float = 0.0  # time.monotonic() when the client process had exited
 
     def model_calls(self) -> list[Exchange]:
         """The POSTs to the model endpoints, in order."""
@@ -62,13 +63,15 @@ def run_client(label: str, argv: list[str], env: dict[str, str], cwd: Path, serv
     started = time.monotonic()
     proc = subprocess.run(argv, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           timeout=timeout, stdin=subprocess.DEVNULL)
-    seconds = time.monotonic() - started
+    exited = time.monotonic()
+    seconds = exited - started
     deadline = time.monotonic() + 5  # let the relay see the last bytes of a response the client closed early
     while time.monotonic() < deadline and not all(ex.complete for ex in tap.since(mark)):
         time.sleep(0.05)
     time.sleep(0.2)  # the access-log line of the last request
     run = ClientRun(label, proc.returncode, proc.stdout.decode("utf-8", "replace"),
-                    proc.stderr.decode("utf-8", "replace"), seconds, tap.since(mark), server.log_since(offset))
+                    proc.stderr.decode("utf-8", "replace"), seconds, tap.since(mark), server.log_since(offset),
+                    exited)
     SUMMARIES.append(summarize(run))
     save_artifacts(run, artifacts)
     return run
@@ -137,13 +140,32 @@ def save_artifacts(run: ClientRun, folder: Path) -> None:
     (folder / f"{stem}.server.log").write_text(run.server_log)
 
 
+ABANDON_GRACE_S = 1.0  # a connection closed this close to the client's exit was closed by the exit
+
+
+def run_problems(run: ClientRun) -> dict[str, list[str]]:
+    """``protocol.problems`` of every exchange of the run, keyed ``"METHOD target #i"``, except a
+    response the client abandoned as it exited (it hung up within ``ABANDON_GRACE_S`` of its own
+    exit, e.g. OpenCode's title request still streaming when its turn ended): the server did not
+    fail it. A response abandoned earlier (a client giving up on a slow or stuck stream) counts."""
+    bad = {}
+    for i, ex in enumerate(run.exchanges):
+        if not ex.complete and ex.abandoned is not None and ex.abandoned >= run.exited - ABANDON_GRACE_S:
+            continue
+        found = problems(ex)
+        if found:
+            bad[f"{ex.method} {ex.target} #{i}"] = found
+    return bad
+
+
 def assert_clean_run(run: ClientRun, tap: Tap, *, paths: set[str], model: str, min_calls: int = 1) -> None:
     """The checks every client shares.
 
     The client exited 0 and printed no API/transport error marker; it made at least ``min_calls``
     model calls, all to ``paths`` and naming ``model``; every response was complete, 200 and sound
     (``protocol.problems``); the relay parsed everything; the server logged every call as 200 in
-    its access log and logged no traceback or ERROR line.
+    its access log and logged no traceback or ERROR line (``run_problems``: a response the
+    client abandoned as it exited is not the server's).
     """
     where = f"{run.label}\n{summarize(run)}\n--- stdout tail:\n{run.stdout[-3000:]}\n--- stderr tail:\n" \
             f"{run.stderr[-3000:]}\n--- server log:\n{run.server_log[-3000:]}"
@@ -154,8 +176,7 @@ def assert_clean_run(run: ClientRun, tap: Tap, *, paths: set[str], model: str, m
     assert len(calls) >= min_calls, f"expected >= {min_calls} model calls, saw {len(calls)}: {where}"
     assert {ex.path for ex in calls} <= paths, f"calls outside {sorted(paths)}: {where}"
     assert all(ex.model == model for ex in calls), f"a call did not name model {model!r}: {where}"
-    bad = {f"{ex.method} {ex.target} #{i}": problems(ex) for i, ex in enumerate(run.exchanges)}
-    bad = {k: v for k, v in bad.items() if v}
+    bad = run_problems(run)
     assert not bad, f"protocol problems {bad}: {where}"
     assert not tap.errors, f"relay could not parse the traffic: {tap.errors}"
     fault = SERVER_FAULTS.search(run.server_log)

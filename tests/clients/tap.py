@@ -30,7 +30,8 @@ class Exchange:
 
     ``request_size`` and ``response_size`` count body bytes after de-chunking (before any
     Content-Encoding is undone); ``status`` is None until the response head arrived and ``complete``
-    turns True once the whole response body did. Times are ``time.monotonic()`` seconds.
+    turns True once the whole response body did; ``abandoned`` is set when the client closed the
+    connection while the response was still incomplete. Times are ``time.monotonic()`` seconds.
     """
 
     conn: int
@@ -46,6 +47,7 @@ class Exchange:
     response_size: int = 0
     complete: bool = False
     finished: float | None = None
+    abandoned: float | None = None  # when the client closed its connection before the response ended
 
     @property
     def path(self) -> str:
@@ -204,6 +206,11 @@ class Tap:
             if not data:
                 if parsing:
                     self._apply(framer.eof(), conn, pending, bodyless, is_response)
+                if not is_response:  # the client hung up: what it still waited for is abandoned
+                    now = time.monotonic()
+                    for ex in pending:
+                        if not ex.complete and ex.abandoned is None:
+                            ex.abandoned = now
                 try:
                     if writer.can_write_eof():
                         writer.write_eof()

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from .protocol import problems, sse_events
-from .runner import API_ERROR_MARKERS
+from .runner import API_ERROR_MARKERS, ClientRun, run_problems
 from .tap import Exchange
 
 
@@ -124,3 +124,17 @@ def test_error_markers_flag_client_errors(text: str) -> None:
 ])
 def test_error_markers_ignore_model_noise(text: str) -> None:
     assert API_ERROR_MARKERS.search(text) is None
+
+
+def test_a_response_abandoned_as_the_client_exited_is_not_a_problem() -> None:
+    """A stream the client hung up on within a second of its own exit (OpenCode's title request
+    when its turn ends) is skipped; one abandoned earlier, or never finished, still counts."""
+    done = _exchange("/v1/chat/completions", {"stream": True}, _oai([_chunk({"content": "x"}, "stop")]))
+    at_exit, earlier, never = (_exchange("/v1/chat/completions", {"stream": True}, "") for _ in range(3))
+    for ex, abandoned in ((at_exit, 99.7), (earlier, 90.0), (never, None)):
+        ex.complete, ex.abandoned = False, abandoned
+    run = ClientRun("c", 0, "", "", 1.0, [done, at_exit, earlier, never], "", exited=100.0)
+    assert run_problems(run) == {
+        "POST /v1/chat/completions #2": ["response incomplete (status 200)"],
+        "POST /v1/chat/completions #3": ["response incomplete (status 200)"],
+    }

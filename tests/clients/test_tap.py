@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import http.client
 import json
+import socket
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Iterator
 
@@ -36,6 +38,16 @@ class _Upstream(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if request.get("slow"):  # one event, then a stream that takes its time
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            data = SSE[0].encode()
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+            self.wfile.flush()
+            threading.Event().wait(2.0)
+            return
         if not request.get("stream"):
             body = json.dumps({"echo": request}).encode()
             self.send_response(201)
@@ -115,3 +127,21 @@ def test_relay_records_parallel_connections_separately(relay: Tap) -> None:
     by_target = {ex.target: ex for ex in relay.since(0)}
     assert {t: (ex.model, ex.status) for t, ex in by_target.items()} == {"/c0": ("m0", 201), "/c1": ("m1", 201)}
     assert by_target["/c0"].conn != by_target["/c1"].conn
+
+
+def test_a_client_that_hangs_up_mid_stream_abandons_the_exchange(relay: Tap) -> None:
+    conn = http.client.HTTPConnection("127.0.0.1", relay.port, timeout=10)
+    conn.request("POST", "/v1/chat/completions", body=json.dumps({"stream": True, "slow": True}),
+                 headers={"Content-Type": "application/json"})
+    response = conn.getresponse()
+    assert response.status == 200 and response.read1(64).startswith(b"data:")
+    before = time.monotonic()
+    conn.sock.shutdown(socket.SHUT_RDWR)
+    conn.close()
+    for _ in range(200):
+        (ex,) = relay.since(0)
+        if ex.abandoned is not None:
+            break
+        threading.Event().wait(0.01)
+    assert (ex.complete, ex.status) == (False, 200)
+    assert ex.abandoned is not None and ex.abandoned >= before
