@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from freetoken.heap import MMAP_THRESHOLD
 from freetoken.huge_pages import HUGE_PAGE, advise_huge_pages, huge_span
 
 THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
@@ -37,7 +38,11 @@ def test_span_is_the_whole_huge_pages_inside_the_storage() -> None:
 
 
 def test_advised_tensor_is_backed_by_huge_pages() -> None:
-    weights = torch.empty(16 * HUGE_PAGE // 2, dtype=torch.bfloat16)
+    # 96 MiB: above the mmap threshold keep_freed_heap sets (64 MiB), so the storage is a fresh
+    # mapping even after an earlier test in this process raised it (heap memory may already be
+    # backed by small pages, which advice after the fact does not change)
+    assert MMAP_THRESHOLD < 48 * HUGE_PAGE
+    weights = torch.empty(48 * HUGE_PAGE // 2, dtype=torch.bfloat16)
     address, size = huge_span(weights)
     advised = advise_huge_pages([weights, weights.view(-1, 2), torch.empty(10)])
     if not sys.platform.startswith("linux"):
