@@ -4,7 +4,6 @@ here except the engine's ring of recent requests (``freetoken.engine.recent``)."
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Sequence
 
@@ -20,7 +19,6 @@ from freetoken.server.status_models import (
     HarnessStatus,
     LayerCache,
     MemorySplit,
-    RequestPoint,
     SessionStatus,
     Status,
     Totals,
@@ -152,7 +150,7 @@ class StatusBuilder:
         return Status(
             time=time.time(), model=self.ctx.config.served_model_name, healthy=healthy,
             totals=totals(counters),
-            recent=[RequestPoint(**dataclasses.asdict(r)) for r in engine.recent_requests()],
+            recent=list(engine.recent_requests()),
             expert_cache=None if stats is None else expert_cache(stats),
             memory=memory_split(counters, engine.kv_page_bytes, stats),
             sessions=sessions, harnesses=harnesses,

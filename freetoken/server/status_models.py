@@ -8,19 +8,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
-
-class RequestPoint(BaseModel):
-    """One finished request (see ``freetoken.engine.recent.RequestTiming``)."""
-
-    seq: int
-    request_id: str
-    finish_reason: str
-    finished_at: float
-    prompt_tokens: int
-    cached_tokens: int
-    output_tokens: int
-    ttft_s: float | None
-    decode_tok_s: float | None
+from freetoken.engine.recent import RequestTiming
 
 
 class Totals(BaseModel):
@@ -132,7 +120,7 @@ class Status(BaseModel):
     model: str
     healthy: bool
     totals: Totals
-    recent: list[RequestPoint]
+    recent: list[RequestTiming]  # validated and serialised as the engine records them
     expert_cache: ExpertCache | None
     memory: MemorySplit
     sessions: list[SessionStatus]
