@@ -64,10 +64,11 @@ def copied_parameters(model) -> list[torch.Tensor]:
     return copied
 
 
-def build_decode_stack(model) -> DecodeStack | None:
-    """The model's decode step as a :class:`DecodeStack`, or None when a layer does not fit
-    (a dense MLP, offloaded experts, weights off the CPU or not one fp32 / bf16 dtype). The stack
-    reads the parameters' storage: build a new one after replacing a parameter tensor."""
+def decode_layer_specs(model) -> list[tuple[AttentionLayer | GdnLayer, MoeLayer]] | None:
+    """Per decoder layer the ``(mixer, moe)`` op arguments a :class:`DecodeStack` takes (each
+    op callable alone with them: ``freetoken.ops.attention_decode``, ``gdn_decode``,
+    ``moe_block``), or None when a layer does not fit (offloaded experts, weights off the CPU
+    or not one fp32 / bf16 dtype)."""
     probe = model.embed[:1]
     if not cpu_kernel_fits(probe, model.embed, model.lm_head):
         return None
@@ -84,6 +85,16 @@ def build_decode_stack(model) -> DecodeStack | None:
         layers.append((_mixer_spec(mixer, layer.input_norm, pool_layer),
                        _moe_spec(mlp, layer.post_norm, probe)))
         pool_layer += isinstance(mixer, Attention)
+    return layers
+
+
+def build_decode_stack(model) -> DecodeStack | None:
+    """The model's decode step as a :class:`DecodeStack`, or None when a layer does not fit
+    (:func:`decode_layer_specs`). The stack reads the parameters' storage: build a new one after
+    replacing a parameter tensor."""
+    layers = decode_layer_specs(model)
+    if layers is None:
+        return None
     return DecodeStack(model.embed, model.norm.scale(), model.norm.eps, model.lm_head, layers)
 
 
