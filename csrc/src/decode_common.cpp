@@ -96,8 +96,4 @@ void project_residual(const float* x, int64_t rows, int64_t in, const void* w,
   residual_add(h, y.data(), bf16, out, count);
 }
 
-float silu(float v) { return v / (1.0f + std::exp(-v)); }
-
-float sigmoid(float v) { return 1.0f / (1.0f + std::exp(-v)); }
-
 }  // namespace freetoken

@@ -74,19 +74,6 @@ void widen_bf16(const uint16_t* src, float* dst, int64_t n) {
   }
 }
 
-float round_to_bf16(float v) {
-  uint32_t u;
-  std::memcpy(&u, &v, sizeof(u));
-  if ((u & 0x7FFFFFFFu) > 0x7F800000u) {
-    u |= 0x00400000u;  // NaN stays a (quiet) NaN
-  } else {
-    u += 0x7FFFu + ((u >> 16) & 1u);
-  }
-  u &= 0xFFFF0000u;
-  std::memcpy(&v, &u, sizeof(v));
-  return v;
-}
-
 void round_to_bf16(float* v, int64_t n) {
   for (int64_t i = 0; i < n; ++i) v[i] = round_to_bf16(v[i]);
 }

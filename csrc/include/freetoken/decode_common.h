@@ -4,6 +4,7 @@
 // the model dtype (bf16 bits or fp32).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -45,8 +46,9 @@ void project_residual(const float* x, int64_t rows, int64_t in, const void* w,
                       int64_t out_features, bool bf16, Isa isa, const float* h, float* out,
                       ThreadPool& pool, const float* bias = nullptr);
 
-float silu(float v);     // v / (1 + exp(-v))
-float sigmoid(float v);  // 1 / (1 + exp(-v))
+// Inlined into the per-element loops of the decode ops (libm's expf either way).
+inline float silu(float v) { return v / (1.0f + std::exp(-v)); }
+inline float sigmoid(float v) { return 1.0f / (1.0f + std::exp(-v)); }
 
 // dst[0:n] = the n values at element `at` of `base` (bf16 bits widened, or fp32) as fp32.
 void load_values(const void* base, bool bf16, int64_t at, int64_t n, float* dst);

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -73,8 +74,18 @@ int64_t vec_layout_block(VecLayout layout);
 void widen_bf16(const uint16_t* src, float* dst, int64_t n);
 
 // v rounded to the nearest bf16 value, ties to even (torch's float -> bfloat16), kept as fp32; a
-// NaN stays a quiet NaN. The array form rounds v[0:n] in place. Portable code.
-float round_to_bf16(float v);
+// NaN stays a quiet NaN. The array form rounds v[0:n] in place. Portable code. Static (each
+// translation unit its own copy, whatever ISA flags it is compiled with) so that the per-element
+// callers in the decode ops inline it.
+static inline float round_to_bf16(float v) {
+  uint32_t u;
+  std::memcpy(&u, &v, sizeof(u));
+  const bool nan = (u & 0x7FFFFFFFu) > 0x7F800000u;
+  u = nan ? (u | 0x00400000u) : u + 0x7FFFu + ((u >> 16) & 1u);  // NaN stays a (quiet) NaN
+  u &= 0xFFFF0000u;
+  std::memcpy(&v, &u, sizeof(v));
+  return v;
+}
 void round_to_bf16(float* v, int64_t n);
 
 // dst[0:k] = src[0:k] permuted into `layout` (dst != src). Portable code.
