@@ -116,6 +116,7 @@ class DecodeStackHandle {
     py::object logits = run_on_pool(B, s_.vocab, [this, st](float* out, ThreadPool& pool) mutable {
       st.logits = out;
       decode_stack_run(s_, st, pool);
+      pool.rest();  // the engine's Python and the server's streaming run next
     });
     return py::make_tuple(logits, topk.attr("view")(L, B, s_.top_k));
   }

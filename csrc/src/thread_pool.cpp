@@ -89,6 +89,7 @@ void ThreadPool::parallel_for(int64_t num_tasks, const std::function<void(int64_
   num_tasks_.store(num_tasks, std::memory_order_relaxed);
   finished_.store(0, std::memory_order_relaxed);
   failed_.store(false, std::memory_order_relaxed);
+  resting_.store(false, std::memory_order_relaxed);
   uint32_t gen;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -148,8 +149,11 @@ void ThreadPool::worker_loop() {
     return stop_.load(std::memory_order_acquire) ||
            static_cast<uint32_t>(ticket_.load(std::memory_order_acquire) >> 32) != seen;
   };
+  const auto ready_or_resting = [&] {
+    return ready() || resting_.load(std::memory_order_relaxed);
+  };
   for (;;) {
-    if (!spin_until(ready, kSpinMicros)) {
+    if (!spin_until(ready_or_resting, kSpinMicros) || !ready()) {
       std::unique_lock<std::mutex> lock(mu_);
       wake_.wait(lock, ready);
     }
@@ -158,6 +162,8 @@ void ThreadPool::worker_loop() {
     run_tasks(seen);
   }
 }
+
+void ThreadPool::rest() { resting_.store(true, std::memory_order_relaxed); }
 
 int64_t chunk_rows(int64_t rows, int threads, int64_t align) {
   constexpr int64_t kTasksPerThread = 4;

@@ -44,6 +44,11 @@ class ThreadPool {
   // serialize). num_tasks must be below 2^32.
   void parallel_for(int64_t num_tasks, const std::function<void(int64_t)>& fn);
 
+  // Lets the workers sleep now instead of spinning for the next loop: for a caller that knows
+  // no loop follows soon (a whole decode step ended; the engine's Python and the server's
+  // streaming run next and need the cores). The next parallel_for wakes them.
+  void rest();
+
  private:
   static constexpr uint32_t kClosed = 0xFFFFFFFFu;
   static constexpr int kSpinMicros = 1000;
@@ -66,6 +71,7 @@ class ThreadPool {
   std::atomic<int64_t> finished_{0};
   std::atomic<bool> failed_{false};
   std::atomic<bool> stop_{false};
+  std::atomic<bool> resting_{false};  // rest() until the next parallel_for
   std::exception_ptr error_;  // guarded by mu_
 };
 
