@@ -13,6 +13,7 @@ from typing import Protocol
 
 from jinja2 import TemplateError
 
+from freetoken.chat.literal_text import literal_text
 from freetoken.parsers import opens_harmony_reply, prompt_opens_reasoning
 from freetoken.parsers.events import ParserEvent
 from freetoken.server.errors import Api, APIError, bad_request
@@ -87,7 +88,12 @@ def render_prompt(
     template only when not None.
 
     CPU-heavy for agent-sized prompts (tens of thousands of tokens): the routes call it through a
-    worker thread, and tokenisation goes through :func:`encode_text` so it does not hold the GIL.
+    worker thread, and tokenisation goes through ``Tokenizer.encode_many`` so it does not hold
+    the GIL.
+
+    Added-token strings in the text of non-assistant turns (``<|im_end|>`` in a user message or a
+    tool result) are tokenised as plain text (:mod:`freetoken.chat.literal_text`): only the
+    template's own markup yields added-token ids.
 
     Raises:
         APIError: 400 when the template rejects the conversation (``ChatTemplate``'s
@@ -95,9 +101,10 @@ def render_prompt(
             nested too deeply to render, e.g. a tool schema nested hundreds of levels).
     """
     extra = {} if reasoning_effort is None else {"reasoning_effort": reasoning_effort}
+    guard = literal_text(tokenizer.added_token_strings)
     try:
-        text = template.render(
-            messages, tools=tools, add_generation_prompt=True, enable_thinking=enable_thinking,
+        rendered = template.render(
+            guard.escape_messages(messages), tools=tools, add_generation_prompt=True, enable_thinking=enable_thinking,
             **extra,
         )
     except RecursionError:
@@ -110,11 +117,12 @@ def render_prompt(
         if not message.startswith("chat template"):
             message = f"chat template error: {message}"
         raise bad_request(message, param="messages") from None
+    text = guard.restore(rendered)
     if opens_harmony_reply(text):
         in_reasoning = enable_thinking is not False
     else:
         in_reasoning = prompt_opens_reasoning(text)
-    return Prompt(text, tuple(encode_text(tokenizer, text)), in_reasoning)
+    return Prompt(text, tuple(guard.encode(tokenizer, rendered)), in_reasoning)
 
 
 def encode_text(tokenizer: Tokenizer, text: str) -> list[int]:
