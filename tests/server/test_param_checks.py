@@ -1,6 +1,7 @@
 """Values outside what each API allows are a 400 with the API's own exact error body (naming the
 field and the allowed values), and the server stays healthy: reasoning effort levels, Anthropic's
-required ``max_tokens``, its thinking budget floor and temperature range, and the completions
+required ``max_tokens``, its thinking budget floor (and ceiling: below ``max_tokens``) and
+temperature range, and the completions
 endpoint's ``logprobs`` / ``best_of`` limits."""
 
 from __future__ import annotations
@@ -14,6 +15,11 @@ from tests.server.test_errors import CHAT, MSGS, USER, ant, oai
 CMPL, RESP = "/v1/completions", "/v1/responses"
 OAI_LEVELS = "'none', 'minimal', 'low', 'medium', 'high', 'xhigh' or 'max'"
 ANT = {"messages": USER, "max_tokens": 5}
+BUDGET_ABOVE_MAX = (
+    "`max_tokens` must be greater than `thinking.budget_tokens`. Please consult our documentation "
+    "at https://docs.claude.com/en/docs/build-with-claude/extended-thinking"
+    "#max-tokens-and-context-window-size"
+)
 
 CASES = [
     ("chat-effort", CHAT, {"messages": USER, "reasoning_effort": "extreme"},
@@ -30,6 +36,12 @@ CASES = [
     ("ant-no-max-tokens", MSGS, {"messages": USER}, ant("max_tokens: Field required")),
     ("ant-budget-low", MSGS, {**ANT, "thinking": {"type": "enabled", "budget_tokens": 1023}},
      ant("thinking.budget_tokens: Input should be greater than or equal to 1024")),
+    ("ant-budget-equals-max-tokens", MSGS,
+     {**ANT, "max_tokens": 1024, "thinking": {"type": "enabled", "budget_tokens": 1024}},
+     ant(BUDGET_ABOVE_MAX)),
+    ("ant-budget-above-max-tokens", MSGS,
+     {**ANT, "max_tokens": 5, "thinking": {"type": "enabled", "budget_tokens": 31999}},
+     ant(BUDGET_ABOVE_MAX)),
     ("ant-temperature-high", MSGS, {**ANT, "temperature": 1.5},
      ant("temperature: Input should be less than or equal to 1")),
     ("ant-temperature-negative", MSGS, {**ANT, "temperature": -0.1},
@@ -53,9 +65,19 @@ def test_out_of_range_value_is_a_400_with_exact_body(srv, path, body, expected):
 @pytest.mark.parametrize(("path", "body"), [
     (CHAT, {"messages": USER, "reasoning_effort": "xhigh"}),
     (RESP, {"input": "hi", "reasoning": {"effort": "minimal"}}),
-    (MSGS, {**ANT, "output_config": {"effort": "max"}, "temperature": 1.0,
+    (MSGS, {**ANT, "output_config": {"effort": "max"}, "temperature": 1.0, "max_tokens": 1025,
             "thinking": {"type": "enabled", "budget_tokens": 1024}}),
     (CMPL, {"prompt": "x", "logprobs": 5, "best_of": 1}),
 ], ids=["chat", "responses", "messages", "completions"])
 def test_values_at_the_limits_are_served(srv, path, body):
     assert srv.http.post(path, json=body).status_code == 200
+
+
+def test_interleaved_thinking_budget_may_exceed_max_tokens(srv):
+    # With the interleaved-thinking beta the budget spans the whole turn (Anthropic's docs), so
+    # Claude Code's budget above a small max_tokens is served.
+    body = {**ANT, "thinking": {"type": "enabled", "budget_tokens": 31999}}
+    beta = {"anthropic-beta": "claude-code-20250219,interleaved-thinking-2025-05-14"}
+    assert srv.http.post(MSGS, json=body, headers=beta).status_code == 200
+    r = srv.http.post(MSGS, json=body, headers={"anthropic-beta": "claude-code-20250219"})
+    assert (r.status_code, r.json()) == (400, ant(BUDGET_ABOVE_MAX))
