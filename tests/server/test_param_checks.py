@@ -1,8 +1,8 @@
 """Values outside what each API allows are a 400 with the API's own exact error body (naming the
 field and the allowed values), and the server stays healthy: reasoning effort levels, Anthropic's
 required ``max_tokens``, its thinking budget floor (and ceiling: below ``max_tokens``) and
-temperature range, and the completions
-endpoint's ``logprobs`` / ``best_of`` limits."""
+temperature range, the completions endpoint's ``logprobs`` / ``best_of`` limits and OpenAI
+``logit_bias`` ids and values."""
 
 from __future__ import annotations
 
@@ -46,6 +46,21 @@ CASES = [
      ant("temperature: Input should be less than or equal to 1")),
     ("ant-temperature-negative", MSGS, {**ANT, "temperature": -0.1},
      ant("temperature: Input should be greater than or equal to 0")),
+    ("chat-logit-bias-key", CHAT, {"messages": USER, "logit_bias": {"abc": 1}},
+     oai("Invalid key in 'logit_bias': abc. You should only be submitting non-negative "
+         "integers.", "logit_bias")),
+    ("chat-logit-bias-vocab", CHAT, {"messages": USER, "logit_bias": {"8218": 1}},
+     oai("Invalid key in 'logit_bias': 8218. Token ids must be below the vocabulary size "
+         "8218.", "logit_bias")),
+    ("chat-logit-bias-value", CHAT, {"messages": USER, "logit_bias": {"5": 100.5}},
+     oai("Invalid value in 'logit_bias' for token 5: 100.5. Bias values must be between -100 "
+         "and 100.", "logit_bias")),
+    ("cmpl-logit-bias-value", CMPL, {"prompt": "x", "logit_bias": {"5": -101}},
+     oai("Invalid value in 'logit_bias' for token 5: -101.0. Bias values must be between -100 "
+         "and 100.", "logit_bias")),
+    ("cmpl-logit-bias-negative-key", CMPL, {"prompt": "x", "logit_bias": {"-1": 1}},
+     oai("Invalid key in 'logit_bias': -1. You should only be submitting non-negative "
+         "integers.", "logit_bias")),
     ("cmpl-logprobs", CMPL, {"prompt": "x", "logprobs": 6},
      oai("logprobs: Input should be less than or equal to 5", "logprobs")),
     ("cmpl-best-of", CMPL, {"prompt": "x", "best_of": 2},
@@ -81,3 +96,12 @@ def test_interleaved_thinking_budget_may_exceed_max_tokens(srv):
     assert srv.http.post(MSGS, json=body, headers=beta).status_code == 200
     r = srv.http.post(MSGS, json=body, headers={"anthropic-beta": "claude-code-20250219"})
     assert (r.status_code, r.json()) == (400, ant(BUDGET_ABOVE_MAX))
+
+
+@pytest.mark.parametrize(("path", "body"), [
+    (CHAT, {"messages": USER}), (CMPL, {"prompt": "x"}),
+], ids=["chat", "completions"])
+def test_logit_bias_reaches_the_engine_sorted(srv, path, body):
+    bias = {"8217": 100, "0": -100, "42": 2.5}
+    assert srv.http.post(path, json={**body, "logit_bias": bias}).status_code == 200
+    assert srv.engine.last.request.sampling.logit_bias == ((0, -100.0), (42, 2.5), (8217, 100.0))
