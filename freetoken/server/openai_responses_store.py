@@ -30,6 +30,11 @@ class StoredResponse:
     response: dict
     conversation: tuple[dict, ...]
 
+    @property
+    def input_items(self) -> tuple[dict, ...]:
+        """The items the response was generated from: the conversation without its output."""
+        return self.conversation[: len(self.conversation) - len(self.response.get("output", ()))]
+
 
 class ResponseStore:
     """Responses by id, least recently used first; safe to use from several threads (the
