@@ -18,7 +18,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 
 ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
-"""The ``reasoning_effort`` levels the OpenAI SDK lists (``openai.types.shared.ReasoningEffort``)."""
+"""The ``reasoning_effort`` levels OpenAI documents, lowest first: the OpenAI SDK's
+``openai.types.shared.ReasoningEffort`` (generated from the API's OpenAPI spec; ``none`` turns
+reasoning off, ``xhigh`` and ``max`` came with the later GPT-5 models). Any other value is a
+400."""
 
 
 class _Lenient(BaseModel):

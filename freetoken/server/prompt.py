@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, get_args
 
 from jinja2 import TemplateError
 
@@ -17,6 +17,7 @@ from freetoken.chat.literal_text import literal_text
 from freetoken.parsers import opens_harmony_reply, prompt_opens_reasoning
 from freetoken.parsers.events import ParserEvent
 from freetoken.server.errors import Api, APIError, bad_request
+from freetoken.server.openai_protocol import ReasoningEffort
 from freetoken.tokenizer.tokenizer import Tokenizer
 
 
@@ -177,6 +178,8 @@ def thinking_from_kwargs(kwargs: dict | None, effort: str | None) -> bool | None
     return effort != "none"
 
 
+OPENAI_EFFORTS: tuple[str, ...] = get_args(ReasoningEffort)
+"""OpenAI's ``reasoning_effort`` levels, lowest first."""
 _EFFORTS = {"none": "low", "minimal": "low", "low": "low", "medium": "medium", "high": "high",
             "xhigh": "high", "max": "high"}
 
@@ -191,8 +194,18 @@ def harmony_effort(effort: object) -> str | None:
 
 def effort_from_kwargs(kwargs: dict | None, effort: str | None) -> str | None:
     """``reasoning_effort`` of an OpenAI request for the template: ``chat_template_kwargs.
-    reasoning_effort`` wins, else the ``reasoning_effort`` field, both through
-    :func:`harmony_effort`; None when neither names a level."""
-    if kwargs and "reasoning_effort" in kwargs:
-        return harmony_effort(kwargs["reasoning_effort"])
+    reasoning_effort`` wins, else the ``reasoning_effort`` field (already one of OpenAI's
+    levels), both through :func:`harmony_effort`; None when neither names a level.
+
+    Raises:
+        APIError: 400 when ``chat_template_kwargs.reasoning_effort`` is set (not null) but is
+            not one of :data:`OPENAI_EFFORTS` (case-insensitive).
+    """
+    if kwargs and kwargs.get("reasoning_effort") is not None:
+        level = harmony_effort(kwargs["reasoning_effort"])
+        if level is None:
+            levels = ", ".join(f"'{e}'" for e in OPENAI_EFFORTS[:-1]) + f" or '{OPENAI_EFFORTS[-1]}'"
+            raise bad_request(f"chat_template_kwargs.reasoning_effort: Input should be {levels}",
+                              param="chat_template_kwargs.reasoning_effort")
+        return level
     return harmony_effort(effort)

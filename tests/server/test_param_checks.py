@@ -26,6 +26,12 @@ CASES = [
      oai(f"reasoning_effort: Input should be {OAI_LEVELS}", "reasoning_effort")),
     ("responses-effort", RESP, {"input": "hi", "reasoning": {"effort": "Hard"}},
      oai(f"reasoning.effort: Input should be {OAI_LEVELS}", "reasoning.effort")),
+    ("chat-kwargs-effort", CHAT,
+     {"messages": USER, "chat_template_kwargs": {"reasoning_effort": "extreme"}},
+     oai(f"chat_template_kwargs.reasoning_effort: Input should be {OAI_LEVELS}",
+         "chat_template_kwargs.reasoning_effort")),
+    ("chat-effort-case", CHAT, {"messages": USER, "reasoning_effort": "High"},
+     oai(f"reasoning_effort: Input should be {OAI_LEVELS}", "reasoning_effort")),
     ("ant-effort", MSGS, {**ANT, "output_config": {"effort": "extreme"}},
      ant("output_config.effort: Input should be 'low', 'medium', 'high', 'xhigh' or 'max'")),
     ("ant-effort-thinking-off", MSGS,
@@ -105,3 +111,14 @@ def test_logit_bias_reaches_the_engine_sorted(srv, path, body):
     bias = {"8217": 100, "0": -100, "42": 2.5}
     assert srv.http.post(path, json={**body, "logit_bias": bias}).status_code == 200
     assert srv.engine.last.request.sampling.logit_bias == ((0, -100.0), (42, 2.5), (8217, 100.0))
+
+
+@pytest.mark.parametrize("level", ["none", "minimal", "low", "medium", "high", "xhigh", "max"])
+def test_every_openai_effort_level_is_served(srv, level):
+    # exactly the levels of the OpenAI SDK's ReasoningEffort (generated from the API spec)
+    assert srv.http.post(CHAT, json={"messages": USER, "reasoning_effort": level}).status_code == 200
+    r = srv.http.post(RESP, json={"input": "hi", "reasoning": {"effort": level}})
+    assert r.status_code == 200
+    kwargs = {"reasoning_effort": level.upper()}  # the template kwarg is case-insensitive
+    r = srv.http.post(CHAT, json={"messages": USER, "chat_template_kwargs": kwargs})
+    assert r.status_code == 200
