@@ -33,7 +33,7 @@ def _not_found(response_id: str) -> APIError:
 
 def responses_router(ctx: ServerContext, store: ResponseStore | None = None) -> APIRouter:
     """The Responses routes bound to ``ctx``; ``store`` keeps past responses (default a new
-    :class:`ResponseStore` of 256)."""
+    :class:`ResponseStore`: 256 responses, 256 MiB)."""
     router = APIRouter()
     store = store if store is not None else ResponseStore()
 
