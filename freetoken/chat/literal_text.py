@@ -11,11 +11,16 @@ original characters back and the token ids get the ids of those characters read 
 structure yields added-token ids. The placeholder characters are themselves escaped the same
 way, so a client cannot forge one.
 
-Escaped: the ``content`` (a string, or the ``text`` of content parts) of every turn except the
-assistant's. Assistant turns hold the model's own earlier output, which templates parse (Qwen3
-splits ``<think>…</think>`` out of the content), and rendering them as generated keeps prefix
-reuse exact. A template that inspects user text for markup (Qwen3 treats a user turn wrapped in
-``<tool_response>`` as a tool result) sees the placeholder instead and treats the turn as text.
+Escaped: every string of every message (content and content parts, reasoning, tool-call
+arguments) and of the tool definitions, with one exception: in assistant turns the tags the
+model itself writes inside its turn and the templates parse (:data:`MODEL_MARKUP`: ``<think>``,
+``<tool_call>``, ``<arg_key>``…) stay markup, so ``<think>…</think>`` in an assistant content is
+still split out by Qwen3's template and an unparsed tool call renders as it was generated. Turn
+delimiters are escaped in assistant turns too: a model that wrote ``<|im_end|>`` as text (an
+agent editing a tokenizer file) wrote plain-text ids, and its history must not turn them into an
+end of turn. Role names, ids and other keys the template reads are not escaped. A template that
+inspects user text for markup (Qwen3 treats a user turn wrapped in ``<tool_response>`` as a
+tool result) sees the placeholder instead and treats the turn as text.
 """
 
 from __future__ import annotations
@@ -26,6 +31,17 @@ from typing import Any, Protocol
 
 OPEN, CLOSE = "\ue000", "\ue001"
 _PLACEHOLDER = re.compile(f"{OPEN}(\\d+){CLOSE}")
+MODEL_MARKUP = frozenset({
+    "<think>", "</think>", "<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>",
+    "<arg_value>", "</arg_value>",
+})
+"""Tags a model writes inside its own turn that templates parse out of an assistant content;
+kept as markup in assistant turns (never in others)."""
+_TEXT_KEYS = ("content", "reasoning_content", "reasoning", "thinking")
+
+
+def _alternation(literals: tuple[str, ...]) -> re.Pattern:
+    return re.compile("|".join(re.escape(s) for s in literals))
 
 
 class LiteralTokenizer(Protocol):
@@ -57,11 +73,31 @@ class LiteralText:
     def __init__(self, added_tokens: tuple[str, ...]) -> None:
         self.literals = (*added_tokens, OPEN, CLOSE)
         self._index = {s: i for i, s in enumerate(self.literals)}
-        self._pattern = re.compile("|".join(re.escape(s) for s in self.literals))
+        self._all = _alternation(self.literals)
+        self._assistant = _alternation(tuple(s for s in self.literals if s not in MODEL_MARKUP))
 
-    def escape_text(self, text: str) -> str:
-        """``text`` with every literal replaced by its placeholder."""
-        return self._pattern.sub(lambda m: f"{OPEN}{self._index[m.group(0)]}{CLOSE}", text)
+    def escape_text(self, text: str, keep_model_markup: bool = False) -> str:
+        """``text`` with every literal replaced by its placeholder (but the
+        :data:`MODEL_MARKUP` tags when ``keep_model_markup``)."""
+        pattern = self._assistant if keep_model_markup else self._all
+        return pattern.sub(lambda m: f"{OPEN}{self._index[m.group(0)]}{CLOSE}", text)
+
+    def escape_data(self, value: Any, keep_model_markup: bool = False) -> Any:
+        """A copy of ``value`` with every string in it (dict keys included) escaped; other
+        values are passed on unchanged."""
+        if isinstance(value, str):
+            return self.escape_text(value, keep_model_markup)
+        if isinstance(value, list):
+            return [self.escape_data(v, keep_model_markup) for v in value]
+        if isinstance(value, dict):
+            return {self.escape_data(k, keep_model_markup) if isinstance(k, str) else k:
+                    self.escape_data(v, keep_model_markup) for k, v in value.items()}
+        return value
+
+    def escape_tools(self, tools: list[Any] | None) -> list[Any] | None:
+        """A copy of the tool definitions with every string escaped (descriptions, schemas,
+        names)."""
+        return None if tools is None else self.escape_data(list(tools))
 
     def escape_messages(self, messages: list[Any]) -> list[Any]:
         """Copies of ``messages`` with their text escaped (see the module docstring); values that
@@ -70,19 +106,29 @@ class LiteralText:
         return [self._escape_message(m) for m in messages]
 
     def _escape_message(self, message: Any) -> Any:
-        if not isinstance(message, dict) or message.get("role") == "assistant":
+        if not isinstance(message, dict):
             return message
-        content = message.get("content")
-        if isinstance(content, str):
-            return {**message, "content": self.escape_text(content)}
-        if isinstance(content, list):
-            parts = [
-                {**p, "text": self.escape_text(p["text"])}
-                if isinstance(p, dict) and isinstance(p.get("text"), str) else p
-                for p in content
-            ]
-            return {**message, "content": parts}
-        return message
+        assistant = message.get("role") == "assistant"
+        out = dict(message)
+        for key in _TEXT_KEYS:
+            if key in out:
+                out[key] = self.escape_data(out[key], keep_model_markup=assistant)
+        if "tool_calls" in out:
+            out["tool_calls"] = [self._escape_call(c) for c in out["tool_calls"]] \
+                if isinstance(out["tool_calls"], list) else out["tool_calls"]
+        return out
+
+    def _escape_call(self, call: Any) -> Any:
+        """A tool call with its ``arguments`` (string or object, also under ``function``)
+        escaped; the name and id are left for the template's checks."""
+        if not isinstance(call, dict):
+            return call
+        out = dict(call)
+        if isinstance(out.get("function"), dict):
+            out["function"] = self._escape_call(out["function"])
+        if "arguments" in out:
+            out["arguments"] = self.escape_data(out["arguments"])
+        return out
 
     def restore(self, rendered: str) -> str:
         """The rendered prompt with every placeholder turned back into its literal."""

@@ -92,9 +92,10 @@ def render_prompt(
     worker thread, and tokenisation goes through ``Tokenizer.encode_many`` so it does not hold
     the GIL.
 
-    Added-token strings in the text of non-assistant turns (``<|im_end|>`` in a user message or a
-    tool result) are tokenised as plain text (:mod:`freetoken.chat.literal_text`): only the
-    template's own markup yields added-token ids.
+    Added-token strings in message text and tool definitions (``<|im_end|>`` in a user message,
+    a tool result or a tool call's arguments) are tokenised as plain text
+    (:mod:`freetoken.chat.literal_text`): only the template's own markup, and the reasoning /
+    tool-call tags of assistant turns, yield added-token ids.
 
     Raises:
         APIError: 400 when the template rejects the conversation (``ChatTemplate``'s
@@ -105,8 +106,8 @@ def render_prompt(
     guard = literal_text(tokenizer.added_token_strings)
     try:
         rendered = template.render(
-            guard.escape_messages(messages), tools=tools, add_generation_prompt=True, enable_thinking=enable_thinking,
-            **extra,
+            guard.escape_messages(messages), tools=guard.escape_tools(tools),
+            add_generation_prompt=True, enable_thinking=enable_thinking, **extra,
         )
     except RecursionError:
         raise bad_request(
