@@ -37,6 +37,9 @@ MODEL_MARKUP = frozenset({
 })
 """Tags a model writes inside its own turn that templates parse out of an assistant content;
 kept as markup in assistant turns (never in others)."""
+USER_SWITCHES = frozenset({"/nothink"})
+"""Added tokens a person is meant to type (GLM-4.5's ``/nothink`` ends a user turn to turn
+thinking off, and its template tests the content for it): kept in every turn."""
 _TEXT_KEYS = ("content", "reasoning_content", "reasoning", "thinking")
 
 
@@ -66,15 +69,16 @@ class LiteralText:
     """Escapes added-token strings in message text and tokenises the rendered prompt.
 
     Attributes:
-        literals: the strings escaped: the tokenizer's added tokens (longest first), then the two
-            placeholder characters.
+        literals: the tokenizer's added tokens (longest first), then the two placeholder
+            characters; all but :data:`USER_SWITCHES` are escaped.
     """
 
     def __init__(self, added_tokens: tuple[str, ...]) -> None:
         self.literals = (*added_tokens, OPEN, CLOSE)
         self._index = {s: i for i, s in enumerate(self.literals)}
-        self._all = _alternation(self.literals)
-        self._assistant = _alternation(tuple(s for s in self.literals if s not in MODEL_MARKUP))
+        escaped = tuple(s for s in self.literals if s not in USER_SWITCHES)
+        self._all = _alternation(escaped)
+        self._assistant = _alternation(tuple(s for s in escaped if s not in MODEL_MARKUP))
 
     def escape_text(self, text: str, keep_model_markup: bool = False) -> str:
         """``text`` with every literal replaced by its placeholder (but the
