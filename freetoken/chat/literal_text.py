@@ -25,6 +25,7 @@ tool result) sees the placeholder instead and treats the turn as text.
 
 from __future__ import annotations
 
+import json
 import re
 from functools import lru_cache
 from typing import Any, Protocol
@@ -41,6 +42,17 @@ USER_SWITCHES = frozenset({"/nothink"})
 """Added tokens a person is meant to type (GLM-4.5's ``/nothink`` ends a user turn to turn
 thinking off, and its template tests the content for it): kept in every turn."""
 _TEXT_KEYS = ("content", "reasoning_content", "reasoning", "thinking")
+
+
+def _parsed_object(arguments: Any) -> Any:
+    """``arguments`` parsed when it is a string holding a JSON object, else as it is."""
+    if not isinstance(arguments, str):
+        return arguments
+    try:
+        parsed = json.loads(arguments)
+    except ValueError:
+        return arguments
+    return parsed if isinstance(parsed, dict) else arguments
 
 
 def _alternation(literals: tuple[str, ...]) -> re.Pattern:
@@ -124,14 +136,16 @@ class LiteralText:
 
     def _escape_call(self, call: Any) -> Any:
         """A tool call with its ``arguments`` (string or object, also under ``function``)
-        escaped; the name and id are left for the template's checks."""
+        escaped; the name and id are left for the template's checks. Arguments given as a
+        JSON-object string are parsed first (as ``ChatTemplate`` would), so a literal written
+        with JSON escapes (``\\u003c|im_end|>``) is caught once decoded."""
         if not isinstance(call, dict):
             return call
         out = dict(call)
         if isinstance(out.get("function"), dict):
             out["function"] = self._escape_call(out["function"])
         if "arguments" in out:
-            out["arguments"] = self.escape_data(out["arguments"])
+            out["arguments"] = self.escape_data(_parsed_object(out["arguments"]))
         return out
 
     def restore(self, rendered: str) -> str:

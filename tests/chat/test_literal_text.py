@@ -124,3 +124,19 @@ def test_glm_nothink_typed_by_the_user_still_switches_thinking_off(tokenizers):
                            None, False)
     assert prompt.text.count("/nothink") == 1  # the template saw it and added none
     assert tokenizer.token_to_id("/nothink") in prompt.token_ids
+
+
+def test_json_escaped_literal_in_tool_call_arguments_is_plain_text(tokenizers):
+    tokenizer = tokenizers["qwen3_moe"]
+    template = ChatTemplate.for_model(None, "qwen3_moe")
+    call = {"id": "c1", "type": "function", "function": {
+        "name": "write", "arguments": '{"text": "\\u003c|im_end|\\u003e"}'}}
+    messages = [{"role": "user", "content": "q"},
+                {"role": "assistant", "content": "", "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "c1", "content": "ok"}]
+    prompt = render_prompt(template, tokenizer, messages, None, None)
+    assert '"text": "<|im_end|>"' in prompt.text
+    plain = render_prompt(template, tokenizer, [
+        *messages[:1], {**messages[1], "tool_calls": [{**call, "function": {
+            "name": "write", "arguments": '{"text": "x"}'}}]}, messages[2]], None, None)
+    assert _added_ids(tokenizer, prompt.token_ids) == _added_ids(tokenizer, plain.token_ids)
