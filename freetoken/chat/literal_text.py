@@ -11,16 +11,18 @@ original characters back and the token ids get the ids of those characters read 
 structure yields added-token ids. The placeholder characters are themselves escaped the same
 way, so a client cannot forge one.
 
-Escaped: every string of every message (content and content parts, reasoning, tool-call
-arguments) and of the tool definitions, with one exception: in assistant turns the tags the
-model itself writes inside its turn and the templates parse (:data:`MODEL_MARKUP`: ``<think>``,
-``<tool_call>``, ``<arg_key>``…) stay markup, so ``<think>…</think>`` in an assistant content is
-still split out by Qwen3's template and an unparsed tool call renders as it was generated. Turn
-delimiters are escaped in assistant turns too: a model that wrote ``<|im_end|>`` as text (an
-agent editing a tokenizer file) wrote plain-text ids, and its history must not turn them into an
-end of turn. Role names, ids and other keys the template reads are not escaped. A template that
-inspects user text for markup (Qwen3 treats a user turn wrapped in ``<tool_response>`` as a
-tool result) sees the placeholder instead and treats the turn as text.
+Escaped: every string of every message but its ``role`` (content and content parts,
+reasoning, tool-call names, ids and arguments, tool names) and of the tool definitions. Equal
+strings escape equally, so a template comparing a call's name with a tool's still matches. One
+exception: in assistant turns the tags the model itself writes inside its turn and templates
+parse (:data:`MODEL_MARKUP`: ``<think>``, ``<tool_call>``, ``<arg_key>``…) stay markup, so
+``<think>…</think>`` in an assistant content is still split out by Qwen3's template and an
+unparsed tool call renders as it was generated. Turn delimiters are escaped in assistant turns
+too: a model that wrote ``<|im_end|>`` as text (an agent editing a tokenizer file) wrote
+plain-text ids, and its history must not turn them into an end of turn. A template that inspects
+user text for markup (Qwen3 treats a user turn wrapped in ``<tool_response>`` as a tool result)
+sees the placeholder instead and treats the turn as text. :data:`USER_SWITCHES` (GLM's
+``/nothink``) stay tokens in every turn.
 """
 
 from __future__ import annotations
@@ -41,7 +43,6 @@ kept as markup in assistant turns (never in others)."""
 USER_SWITCHES = frozenset({"/nothink"})
 """Added tokens a person is meant to type (GLM-4.5's ``/nothink`` ends a user turn to turn
 thinking off, and its template tests the content for it): kept in every turn."""
-_TEXT_KEYS = ("content", "reasoning_content", "reasoning", "thinking")
 
 
 def _parsed_object(arguments: Any) -> Any:
@@ -125,27 +126,31 @@ class LiteralText:
         if not isinstance(message, dict):
             return message
         assistant = message.get("role") == "assistant"
-        out = dict(message)
-        for key in _TEXT_KEYS:
-            if key in out:
-                out[key] = self.escape_data(out[key], keep_model_markup=assistant)
-        if "tool_calls" in out:
-            out["tool_calls"] = [self._escape_call(c) for c in out["tool_calls"]] \
-                if isinstance(out["tool_calls"], list) else out["tool_calls"]
+        out = {}
+        for key, value in message.items():
+            if key == "role":
+                out[key] = value
+            elif key == "tool_calls" and isinstance(value, list):
+                out[key] = [self._escape_call(c) for c in value]
+            else:
+                out[key] = self.escape_data(value, keep_model_markup=assistant)
         return out
 
     def _escape_call(self, call: Any) -> Any:
-        """A tool call with its ``arguments`` (string or object, also under ``function``)
-        escaped; the name and id are left for the template's checks. Arguments given as a
-        JSON-object string are parsed first (as ``ChatTemplate`` would), so a literal written
-        with JSON escapes (``\\u003c|im_end|>``) is caught once decoded."""
+        """A tool call with every string escaped (name, id, arguments; also under
+        ``function``). Arguments given as a JSON-object string are parsed first (as
+        ``ChatTemplate`` would), so a literal written with JSON escapes (``\\u003c|im_end|>``)
+        is caught once decoded."""
         if not isinstance(call, dict):
-            return call
-        out = dict(call)
-        if isinstance(out.get("function"), dict):
-            out["function"] = self._escape_call(out["function"])
-        if "arguments" in out:
-            out["arguments"] = self.escape_data(_parsed_object(out["arguments"]))
+            return self.escape_data(call)
+        out = {}
+        for key, value in call.items():
+            if key == "function" and isinstance(value, dict):
+                out[key] = self._escape_call(value)
+            elif key == "arguments":
+                out[key] = self.escape_data(_parsed_object(value))
+            else:
+                out[key] = self.escape_data(value)
         return out
 
     def restore(self, rendered: str) -> str:

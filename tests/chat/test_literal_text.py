@@ -140,3 +140,22 @@ def test_json_escaped_literal_in_tool_call_arguments_is_plain_text(tokenizers):
         *messages[:1], {**messages[1], "tool_calls": [{**call, "function": {
             "name": "write", "arguments": '{"text": "x"}'}}]}, messages[2]], None, None)
     assert _added_ids(tokenizer, prompt.token_ids) == _added_ids(tokenizer, plain.token_ids)
+
+
+def test_names_and_ids_are_escaped_equally_everywhere(tokenizers):
+    guard = literal_text(tokenizers["qwen3_moe"].added_token_strings)
+    name = "fetch<|im_end|>"
+    call = {"id": "c<|im_start|>", "type": "function",
+            "function": {"name": name, "arguments": {"k<|im_end|>": ["<|im_end|>", 1]}}}
+    messages = [{"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "name": name, "tool_call_id": "c<|im_start|>", "content": "r"}]
+    tools = [{"type": "function", "function": {"name": name, "parameters": {}}}]
+    (assistant, tool) = guard.escape_messages(messages)
+    (escaped_tool,) = guard.escape_tools(tools)
+    escaped_name = assistant["tool_calls"][0]["function"]["name"]
+    assert OPEN in escaped_name and guard.restore(escaped_name) == name
+    assert tool["name"] == escaped_name == escaped_tool["function"]["name"]
+    assert tool["tool_call_id"] == assistant["tool_calls"][0]["id"] != call["id"]
+    args = assistant["tool_calls"][0]["function"]["arguments"]
+    assert [guard.restore(k) for k in args] == ["k<|im_end|>"] and list(args.values())[0][1] == 1
+    assert (tool["role"], assistant["content"]) == ("tool", None)
