@@ -4,9 +4,10 @@
 Bounded by count and by bytes, least recently used first: storing beyond ``max_items`` responses
 or ``max_bytes`` drops the responses used longest ago until both hold (a continuation from one
 then fails with ``previous_response_not_found``); a single response larger than ``max_bytes`` is
-not kept at all (and evicts nothing). Nothing survives a restart. Each entry holds the whole conversation up to and
-including its output, so continuing from it does not depend on its ancestors still being stored;
-entries share the item dicts of their ancestors, which are never modified after they are stored.
+not kept at all (and evicts nothing). Nothing survives a restart. Each entry holds the whole
+conversation up to and including its output, so continuing from it does not depend on its
+ancestors still being stored; entries share the item dicts of their ancestors, which are never
+modified after they are stored.
 
 Bytes are those of the compact JSON text of what is held, each shared item counted once however
 many entries hold it (a conversation of N turns costs its items once, not N times): every

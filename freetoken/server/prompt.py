@@ -205,7 +205,8 @@ def effort_from_kwargs(kwargs: dict | None, effort: str | None) -> str | None:
     if kwargs and kwargs.get("reasoning_effort") is not None:
         level = harmony_effort(kwargs["reasoning_effort"])
         if level is None:
-            levels = ", ".join(f"'{e}'" for e in OPENAI_EFFORTS[:-1]) + f" or '{OPENAI_EFFORTS[-1]}'"
+            levels = ", ".join(f"'{e}'" for e in OPENAI_EFFORTS[:-1])
+            levels += f" or '{OPENAI_EFFORTS[-1]}'"
             raise bad_request(f"chat_template_kwargs.reasoning_effort: Input should be {levels}",
                               param="chat_template_kwargs.reasoning_effort")
         return level

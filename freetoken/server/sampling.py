@@ -24,7 +24,9 @@ def stop_strings(stop: str | list[str] | None, param: str) -> tuple[str, ...]:
 MAX_LOGIT_BIAS = 100.0
 
 
-def parse_logit_bias(raw: dict[str, float] | None, vocab_size: int) -> tuple[tuple[int, float], ...]:
+def parse_logit_bias(
+    raw: dict[str, float] | None, vocab_size: int
+) -> tuple[tuple[int, float], ...]:
     """OpenAI ``logit_bias`` (token id as a string → bias) as ``(id, bias)`` pairs sorted by id.
 
     Raises:

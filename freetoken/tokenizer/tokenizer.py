@@ -126,7 +126,9 @@ class Tokenizer:
         hf = self.hf
         if hf.normalizer is not None:
             text = hf.normalizer.normalize_str(text)
-        pieces = hf.pre_tokenizer.pre_tokenize_str(text) if hf.pre_tokenizer is not None else [(text, None)]
+        pieces = [(text, None)]
+        if hf.pre_tokenizer is not None:
+            pieces = hf.pre_tokenizer.pre_tokenize_str(text)
         return [token.id for piece, _ in pieces for token in hf.model.tokenize(piece)]
 
     def decode(self, ids: list[int] | tuple[int, ...], skip_special_tokens: bool = False) -> str:

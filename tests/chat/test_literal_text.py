@@ -107,7 +107,8 @@ def test_assistant_turns_keep_only_the_models_own_tags(tokenizers):
     guard = literal_text(tokenizer.added_token_strings)
     reasoned = {"role": "assistant", "content": "<think>\nr\n</think>\n\nA <tool_call>"}
     assert guard.escape_messages([reasoned]) == [reasoned]
-    echoed = {"role": "assistant", "content": "said <|im_end|>", "reasoning_content": "<|im_start|>"}
+    echoed = {"role": "assistant", "content": "said <|im_end|>",
+              "reasoning_content": "<|im_start|>"}
     (escaped,) = guard.escape_messages([echoed])
     assert OPEN in escaped["content"] and OPEN in escaped["reasoning_content"]
     assert guard.restore(escaped["content"]) == "said <|im_end|>"

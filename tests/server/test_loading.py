@@ -1,6 +1,6 @@
-"""The app served while the model loads (``freetoken.server.loading``): exact 503 / 529 bodies per API
-with ``Retry-After``, the API-key guard still in front, the handover to the loaded app, a failed
-load, and cancellation once the server stops."""
+"""The app served while the model loads (``freetoken.server.loading``): exact 503 / 529 bodies
+per API with ``Retry-After``, the API-key guard still in front, the handover to the loaded app, a
+failed load, and cancellation once the server stops."""
 
 from __future__ import annotations
 

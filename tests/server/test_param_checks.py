@@ -116,7 +116,8 @@ def test_logit_bias_reaches_the_engine_sorted(srv, path, body):
 @pytest.mark.parametrize("level", ["none", "minimal", "low", "medium", "high", "xhigh", "max"])
 def test_every_openai_effort_level_is_served(srv, level):
     # exactly the levels of the OpenAI SDK's ReasoningEffort (generated from the API spec)
-    assert srv.http.post(CHAT, json={"messages": USER, "reasoning_effort": level}).status_code == 200
+    r = srv.http.post(CHAT, json={"messages": USER, "reasoning_effort": level})
+    assert r.status_code == 200
     r = srv.http.post(RESP, json={"input": "hi", "reasoning": {"effort": level}})
     assert r.status_code == 200
     kwargs = {"reasoning_effort": level.upper()}  # the template kwarg is case-insensitive
