@@ -94,7 +94,7 @@ def prepare_chat(
         seed=req.seed,
         stop=stop,
         ignore_eos=req.ignore_eos,
-        logit_bias=parse_logit_bias(req.logit_bias, ctx.engine.info.vocab_size),
+        logit_bias=parse_logit_bias(req.logit_bias, ctx.engine.tokenizer.vocab_size),
     )
     sampling = constrain(sampling, policy, fmt, ctx.template, prompt.in_reasoning)
     return ChatJob(

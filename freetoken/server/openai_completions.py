@@ -113,7 +113,7 @@ def prepare_completion(
         seed=req.seed,
         stop=stop_strings(req.stop, "stop"),
         ignore_eos=req.ignore_eos,
-        logit_bias=parse_logit_bias(req.logit_bias, ctx.engine.info.vocab_size),
+        logit_bias=parse_logit_bias(req.logit_bias, ctx.engine.tokenizer.vocab_size),
         logprobs=req.logprobs,
     )
     # A raw prompt has no template framing: the answer grammar is the bare JSON value.

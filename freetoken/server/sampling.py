@@ -28,6 +28,7 @@ def parse_logit_bias(
     raw: dict[str, float] | None, vocab_size: int
 ) -> tuple[tuple[int, float], ...]:
     """OpenAI ``logit_bias`` (token id as a string → bias) as ``(id, bias)`` pairs sorted by id.
+    ``vocab_size`` is the tokenizer's: the model's padded rows beyond it are never sampled.
 
     Raises:
         APIError: 400 (``param: "logit_bias"``) for a key that is not a non-negative integer, an
