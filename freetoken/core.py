@@ -34,6 +34,9 @@ class SamplingParams:
         grammar: a ``freetoken.constrain.ToolCallGrammar`` (forced tool call: ``tool_choice``
             required / named / any / tool) or ``JsonAnswerGrammar`` (structured output) that
             every sampled token must follow, or None.
+        logit_bias: ``(token_id, bias)`` pairs added to the logits before sampling (OpenAI
+            ``logit_bias``; ids in the vocabulary, biases in [-100, 100]); logprobs stay those of
+            the raw logits.
     """
 
     max_tokens: int = 256
@@ -47,6 +50,7 @@ class SamplingParams:
     logprobs: int | None = None
     length_capped: bool = False
     grammar: Any = None
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -149,15 +149,18 @@ class ToolCallMatcher:
                 f"{self.label} grammar rejected token {token_id}: {self._m.get_error()}")
 
     def sample(self, logits: torch.Tensor, params: SamplingParams,
-               generator: torch.Generator | None) -> SampledToken:
+               generator: torch.Generator | None,
+               raw_logits: torch.Tensor | None = None) -> SampledToken:
         """Mask ``logits`` (``[V]``) to the grammar, sample (``engine.sampler.sample``) and advance.
 
-        Logprobs stay those of the raw logits, as in unconstrained sampling.
+        Logprobs stay those of the raw logits (``raw_logits`` when the picking logits were
+        biased), as in unconstrained sampling.
 
         Raises:
             GrammarError: see :meth:`allowed` and :meth:`advance`.
         """
-        picked = sample(logits, params, generator, self.allowed(logits.shape[-1], logits.device))
+        picked = sample(logits, params, generator, self.allowed(logits.shape[-1], logits.device),
+                        raw_logits=raw_logits)
         self.advance(picked.token_id)
         return picked
 

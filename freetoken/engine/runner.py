@@ -23,6 +23,7 @@ import torch
 
 from freetoken.constrain.spec import GrammarError
 from freetoken.engine.batch import ForwardOutput, ScheduledBatch, SeqWork
+from freetoken.engine.logit_bias import LogitBiases
 from freetoken.engine.sampler import make_generator, sample
 from freetoken.models.base import CausalLM, SequenceState
 
@@ -79,6 +80,7 @@ class ModelRunner:
         self.sampleable_vocab = sampleable_vocab
         self.prefix = prefix
         self._slots: dict[int, _Slot] = {}
+        self._biases = LogitBiases()  # live requests with a logit_bias; empty → no bias work
         # request key -> freetoken.constrain.matcher.ToolCallMatcher, set and removed by the
         # engine (kept across preemption: it tracks the output ids, which survive it)
         self.constraints: dict[int, object] = {}
@@ -111,6 +113,7 @@ class ModelRunner:
     def release(self, request_key: int) -> None:
         """Drop a request's state (finished, aborted, failed or preempted); no-op when absent."""
         self._slots.pop(request_key, None)
+        self._biases.discard(request_key)
 
     def recurrent_tensors(self, request_key: int) -> Sequence[torch.Tensor] | None:
         """Live recurrent-state tensors of a request (for checkpoints), or None."""
@@ -122,6 +125,8 @@ class ModelRunner:
 
     def _new_slot(self, work: SeqWork) -> _Slot:
         generator = make_generator(work.sampling.seed, self.device)
+        if work.sampling.logit_bias:
+            self._biases.add(work.request_key, work.sampling.logit_bias, self.device)
         if self.prefix is None:
             if work.num_computed_tokens:
                 raise RuntimeError("a restored state needs the prefix cache")
@@ -174,6 +179,10 @@ class ModelRunner:
         ids = [torch.tensor(w.token_ids, dtype=torch.long, device=self.device)
                for w in batch.entries]
         logits, snapshots = self._forward(batch, ids, [s.state for s in slots])  # [B, V]
+        picking = logits
+        if self._biases:
+            picking = self._biases.apply(
+                logits, [w.request_key if w.sample else None for w in batch.entries])  # [B, V]
         outputs = []
         for row, (work, slot) in enumerate(zip(batch.entries, slots)):
             snaps = ()
@@ -182,15 +191,16 @@ class ModelRunner:
             if not work.sample:
                 outputs.append(ForwardOutput(work.request_key, snapshots=snaps))
                 continue
-            last = logits[row]  # [V]
+            last, raw = picking[row], logits[row]  # [V], [V]
             if self.sampleable_vocab is not None and self.sampleable_vocab < last.shape[-1]:
-                last = last[: self.sampleable_vocab]
+                last, raw = last[: self.sampleable_vocab], raw[: self.sampleable_vocab]
+            raw = None if picking is logits else raw
             matcher = self.constraints.get(work.request_key) if self.constraints else None
             if matcher is None:
-                picked = sample(last, work.sampling, slot.generator)
+                picked = sample(last, work.sampling, slot.generator, raw_logits=raw)
             else:
                 try:  # grammar-constrained: mask, sample, advance the matcher
-                    picked = matcher.sample(last, work.sampling, slot.generator)
+                    picked = matcher.sample(last, work.sampling, slot.generator, raw_logits=raw)
                 except GrammarError as exc:  # ends this request only
                     outputs.append(ForwardOutput(work.request_key, error=str(exc)))
                     continue

@@ -101,7 +101,7 @@ def apply_top_p(logits: torch.Tensor, p: float) -> torch.Tensor:
 
 def sample(
     logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None,
-    allowed: torch.Tensor | None = None,
+    allowed: torch.Tensor | None = None, raw_logits: torch.Tensor | None = None,
 ) -> SampledToken:
     """Pick the next token from one position's logits.
 
@@ -117,6 +117,8 @@ def sample(
         allowed: ``[V]`` bool, the only ids that may be picked (grammar-constrained decoding,
             ``freetoken.constrain``): the others' logits are set to ``-inf`` before the
             temperature / top-k / top-p chain; logprobs stay those of the raw logits.
+        raw_logits: ``[V]`` logits the logprobs are taken from when ``logits`` were already
+            changed (``logit_bias``); None takes them from ``logits``.
 
     Returns:
         The sampled token with raw logprobs when ``params.logprobs`` is not None.
@@ -130,6 +132,7 @@ def sample(
     if logits.dim() != 1:
         raise ValueError(f"expected [V] or [1, V] logits, got shape {tuple(logits.shape)}")
     logits = logits.float()
+    raw = logits if raw_logits is None else raw_logits.reshape(-1).float()
     pick = logits if allowed is None else logits.masked_fill(~allowed, float("-inf"))
     if params.temperature < GREEDY_TEMPERATURE:
         token = int(torch.argmax(pick).item())
@@ -141,7 +144,7 @@ def sample(
         token = int(torch.multinomial(probs, 1, generator=generator).item())
     if params.logprobs is None:
         return SampledToken(token)
-    logprobs = torch.log_softmax(logits, dim=-1)  # [V]
+    logprobs = torch.log_softmax(raw, dim=-1)  # [V]
     top: tuple[tuple[int, float], ...] = ()
     n = min(params.logprobs, logprobs.shape[-1])
     if n > 0:

@@ -20,7 +20,8 @@ def validate_request(request: GenerationRequest, info: EngineInfo) -> None:
         ValueError: a prompt or stop token id outside ``[0, info.vocab_size)``, or a sampling
             parameter out of range (``max_tokens < 1``, negative or non-finite
             ``temperature``, ``top_p`` outside (0, 1], negative ``top_k`` or ``logprobs``,
-            an empty stop string).
+            an empty stop string, a ``logit_bias`` id outside the vocabulary or bias outside
+            [-100, 100]).
     """
     n = len(request.prompt_ids)
     if n == 0:
@@ -53,3 +54,8 @@ def validate_request(request: GenerationRequest, info: EngineInfo) -> None:
     for token in sp.stop_token_ids:
         if not 0 <= token < vocab:
             raise ValueError(f"stop token id {token} is outside the vocabulary [0, {vocab})")
+    for token, bias in sp.logit_bias:
+        if not 0 <= token < vocab:
+            raise ValueError(f"logit_bias token id {token} is outside the vocabulary [0, {vocab})")
+        if not -100 <= bias <= 100:
+            raise ValueError(f"logit_bias of token {token} must be in [-100, 100], got {bias}")

@@ -64,6 +64,33 @@ def check_effort(req: CountTokensRequest) -> None:
                           param="output_config.effort")
 
 
+INTERLEAVED_THINKING_BETA = "interleaved-thinking-"
+"""Prefix of the ``anthropic-beta`` flag (``interleaved-thinking-2025-05-14``) under which a
+thinking budget spans the whole turn and may exceed ``max_tokens``."""
+
+
+def check_thinking_budget(req: MessagesRequest, beta: str | None) -> None:
+    """Reject an ``enabled`` thinking whose ``budget_tokens`` is not below ``max_tokens``, as
+    Anthropic's API does (thinking counts toward ``max_tokens``), unless ``beta`` (the
+    ``anthropic-beta`` header, comma-separated flags) turns on interleaved thinking.
+
+    Raises:
+        APIError: 400 ``invalid_request_error`` with the API's own message.
+    """
+    thinking = req.thinking
+    if thinking is None or thinking.type != "enabled" or thinking.budget_tokens is None:
+        return
+    if any(f.strip().startswith(INTERLEAVED_THINKING_BETA) for f in (beta or "").split(",")):
+        return
+    if thinking.budget_tokens >= req.max_tokens:
+        raise bad_request(
+            "`max_tokens` must be greater than `thinking.budget_tokens`. Please consult our "
+            "documentation at https://docs.claude.com/en/docs/build-with-claude/"
+            "extended-thinking#max-tokens-and-context-window-size",
+            param="max_tokens",
+        )
+
+
 def reasoning_effort(req: CountTokensRequest) -> str | None:
     """The harmony reasoning level a request asks for, or None (the template's default).
 

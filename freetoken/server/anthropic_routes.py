@@ -1,7 +1,8 @@
 """Anthropic routes: ``POST /v1/messages`` and ``POST /v1/messages/count_tokens``.
 
 Query strings such as ``?beta=true`` (sent by the Anthropic SDKs and Claude Code) are ignored, as
-are ``anthropic-version`` / ``anthropic-beta`` headers. Rendering and tokenising run in a worker
+are ``anthropic-version`` and the ``anthropic-beta`` flags except interleaved thinking (a
+thinking budget may then exceed ``max_tokens``). Rendering and tokenising run in a worker
 thread so a huge prompt never stalls the event loop.
 """
 
@@ -13,6 +14,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from freetoken.server.anthropic_chat import (
+    check_thinking_budget,
     complete_message,
     prepare_messages,
     render_request,
@@ -33,6 +35,7 @@ def anthropic_router(ctx: ServerContext) -> APIRouter:
     async def messages(request: Request) -> Response:
         """Create a message (``stream: true`` → SSE events)."""
         req, body = await read_body(request, MessagesRequest)
+        check_thinking_budget(req, request.headers.get("anthropic-beta"))
         ctx.check_healthy()
         binding = ctx.sessions.bind(request_info(request, "anthropic", body))
         job = await run_in_threadpool(prepare_messages, ctx, req, binding)

@@ -3,6 +3,11 @@
 Every failure is raised as :class:`APIError` and rendered in the shape of the API the path belongs
 to: OpenAI ``{"error": {"message", "type", "param", "code"}}`` (platform.openai.com error codes)
 or Anthropic ``{"type": "error", "error": {"type", "message"}}`` (docs.anthropic.com "Errors").
+
+A 503 (the model is loading, the engine is down, the server is stopping) goes out as 503
+``server_error`` on OpenAI paths and as Anthropic's own overloaded status, 529
+``overloaded_error``, on Anthropic paths (:func:`wire_status`): Anthropic's API has no 503, and its
+clients (Claude Code) treat 529 as "retry later".
 """
 
 from __future__ import annotations
@@ -25,7 +30,10 @@ _ANTHROPIC_TYPES = {
     413: "request_too_large",
     500: "api_error",
     503: "overloaded_error",
+    529: "overloaded_error",
 }
+ANTHROPIC_OVERLOADED = 529
+"""The HTTP status of Anthropic's ``overloaded_error``."""
 # OpenAI error type per HTTP status.
 _OPENAI_TYPES = {
     400: "invalid_request_error",
@@ -87,9 +95,15 @@ def error_body(err: APIError, api: Api) -> dict:
     return anthropic_error_body(err) if api == "anthropic" else openai_error_body(err)
 
 
+def wire_status(err: APIError, api: Api) -> int:
+    """The HTTP status ``err`` is sent with: its own, except a 503 on an Anthropic path, which is
+    Anthropic's overloaded status 529."""
+    return ANTHROPIC_OVERLOADED if api == "anthropic" and err.status == 503 else err.status
+
+
 def error_response(err: APIError, api: Api) -> JSONResponse:
-    """A JSON response carrying ``err`` with its status, in ``api``'s shape."""
-    return JSONResponse(error_body(err, api), status_code=err.status)
+    """A JSON response carrying ``err`` in ``api``'s shape, with :func:`wire_status`."""
+    return JSONResponse(error_body(err, api), status_code=wire_status(err, api))
 
 
 def _is_branch_label(part: str | int) -> bool:

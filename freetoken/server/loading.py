@@ -3,7 +3,8 @@
 ``freetoken serve`` binds, starts uvicorn on :class:`LoadingApp` and loads the checkpoint in a
 background thread (:func:`LoadingApp` runs the loader at ASGI start-up). Until the engine is ready,
 ``GET /health`` answers 503 ``{"status": "loading", "progress": {...}}`` and every other route a 503
-in its API's error shape with ``Retry-After``; then the app built on the engine takes every request.
+in its API's error shape with ``Retry-After`` (Anthropic paths: 529 ``overloaded_error``, see
+:func:`freetoken.server.errors.wire_status`); then the app built on the engine takes every request.
 The loader thread writes :class:`LoadState`, the event loop reads it; a lock guards both.
 """
 

@@ -26,7 +26,7 @@ from freetoken.server.ids import chat_completion_id, openai_tool_call_id
 from freetoken.server.messages import from_openai
 from freetoken.server.openai_protocol import ChatCompletionRequest
 from freetoken.server.prompt import effort_from_kwargs, thinking_from_kwargs
-from freetoken.server.sampling import build_sampling, stop_strings
+from freetoken.server.sampling import build_sampling, parse_logit_bias, stop_strings
 from freetoken.server.streaming import data_event
 from freetoken.server.sessions import HarnessBinding
 from freetoken.server.structured import chat_format, constrain
@@ -94,6 +94,7 @@ def prepare_chat(
         seed=req.seed,
         stop=stop,
         ignore_eos=req.ignore_eos,
+        logit_bias=parse_logit_bias(req.logit_bias, ctx.engine.tokenizer.vocab_size),
     )
     sampling = constrain(sampling, policy, fmt, ctx.template, prompt.in_reasoning)
     return ChatJob(

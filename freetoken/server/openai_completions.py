@@ -29,7 +29,7 @@ from freetoken.server.openai_chat import (
 )
 from freetoken.server.openai_protocol import CompletionRequest
 from freetoken.server.prompt import encode_text
-from freetoken.server.sampling import build_sampling, stop_strings
+from freetoken.server.sampling import build_sampling, parse_logit_bias, stop_strings
 from freetoken.server.sessions import HarnessBinding
 from freetoken.server.streaming import data_event
 from freetoken.server.structured import chat_format, constrain
@@ -113,6 +113,7 @@ def prepare_completion(
         seed=req.seed,
         stop=stop_strings(req.stop, "stop"),
         ignore_eos=req.ignore_eos,
+        logit_bias=parse_logit_bias(req.logit_bias, ctx.engine.tokenizer.vocab_size),
         logprobs=req.logprobs,
     )
     # A raw prompt has no template framing: the answer grammar is the bare JSON value.

@@ -4,7 +4,8 @@ Field names and meanings follow the OpenAI API reference (Chat Completions / Com
 fields are accepted and ignored; fields FreeToken cannot honour (``n`` > 1, ``best_of`` > 1,
 ``echo``, image parts) are rejected with a 400 (``logprobs`` on completions is at most 5, as on
 OpenAI's API). ``response_format`` is validated and served by
-:mod:`freetoken.server.structured`.
+:mod:`freetoken.server.structured`; ``logit_bias`` (token id string → bias in [-100, 100]) is
+checked by ``sampling.parse_logit_bias`` and applied by the engine's sampler step.
 Extensions shared with vLLM: ``top_k``, ``ignore_eos``, ``chat_template_kwargs``,
 ``response_format`` on completions.
 """
@@ -17,7 +18,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 
 ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
-"""The ``reasoning_effort`` levels the OpenAI SDK lists (``openai.types.shared.ReasoningEffort``)."""
+"""The ``reasoning_effort`` levels OpenAI documents, lowest first: the OpenAI SDK's
+``openai.types.shared.ReasoningEffort`` (generated from the API's OpenAPI spec; ``none`` turns
+reasoning off, ``xhigh`` and ``max`` came with the later GPT-5 models). Any other value is a
+400."""
 
 
 class _Lenient(BaseModel):
@@ -103,6 +107,7 @@ class _SamplingFields(_Lenient):
     stop: str | list[str] | None = None
     ignore_eos: bool = False
     n: int | None = Field(default=None, ge=1)
+    logit_bias: dict[str, float] | None = None
 
 
 class ChatCompletionRequest(_SamplingFields):

@@ -30,6 +30,7 @@ from freetoken.server.ids import response_id
 from freetoken.server.openai_responses_input import input_messages
 from freetoken.server.openai_responses_items import OutputBuilder
 from freetoken.server.openai_responses_protocol import ResponsesRequest
+from freetoken.server.openai_responses_input_items import with_item_ids
 from freetoken.server.openai_responses_store import ResponseStore, StoredResponse
 from freetoken.server.openai_responses_tools import ResponsesToolset, read_tools
 from freetoken.server.prompt import effort_from_kwargs, thinking_from_kwargs
@@ -49,7 +50,8 @@ class ResponseJob:
     Attributes:
         chat: the chat job generating it (its ``request_id`` is the ``resp_…`` id).
         request: the validated request (echoed in the response object).
-        conversation: the stored conversation it continues plus its own input items.
+        conversation: the stored conversation it continues plus its own input items (each
+            with an ``id``, see ``openai_responses_input_items.with_item_ids``).
         toolset: the declared tools as the model sees them (custom tool names included).
     """
 
@@ -130,7 +132,7 @@ def prepare_response(
     sampling = constrain(sampling, policy, fmt, ctx.template, prompt.in_reasoning)
     chat = ChatJob(response_id(), ctx.model_name(req.model), now(), prompt, sampling, policy,
                    binding)
-    return ResponseJob(chat, req, history + tuple(items), toolset)
+    return ResponseJob(chat, req, history + with_item_ids(items), toolset)
 
 
 def responses_usage(ctx: ServerContext, fin: Finish, reasoning: str) -> dict:

@@ -1,4 +1,5 @@
-"""OpenAI Responses API routes: ``POST /v1/responses``, ``GET|DELETE /v1/responses/{id}``.
+"""OpenAI Responses API routes: ``POST /v1/responses``, ``GET|DELETE /v1/responses/{id}``,
+``GET /v1/responses/{id}/input_items``.
 
 Rendering and tokenising run in a worker thread, as for chat. Unknown ids are a 404 in OpenAI's
 error shape (``Response with id '…' not found.``).
@@ -18,6 +19,7 @@ from freetoken.server.openai_responses import (
     prepare_response,
     stream_response,
 )
+from freetoken.server.openai_responses_input_items import list_input_items
 from freetoken.server.openai_responses_protocol import ResponsesRequest
 from freetoken.server.openai_responses_store import ResponseStore
 from freetoken.server.responses import json_result
@@ -31,7 +33,7 @@ def _not_found(response_id: str) -> APIError:
 
 def responses_router(ctx: ServerContext, store: ResponseStore | None = None) -> APIRouter:
     """The Responses routes bound to ``ctx``; ``store`` keeps past responses (default a new
-    :class:`ResponseStore` of 256)."""
+    :class:`ResponseStore`: 256 responses, 256 MiB)."""
     router = APIRouter()
     store = store if store is not None else ResponseStore()
 
@@ -55,6 +57,16 @@ def responses_router(ctx: ServerContext, store: ResponseStore | None = None) -> 
         if stored is None:
             raise _not_found(response_id)
         return JSONResponse(stored.response)
+
+    @router.get("/v1/responses/{response_id}/input_items")
+    async def get_input_items(response_id: str, request: Request) -> Response:
+        """The stored response's input items as a list object (see
+        :mod:`freetoken.server.openai_responses_input_items`)."""
+        stored = store.get(response_id)
+        if stored is None:
+            raise _not_found(response_id)
+        return JSONResponse(list_input_items(response_id, stored.input_items,
+                                             request.query_params))
 
     @router.delete("/v1/responses/{response_id}")
     async def delete_response(response_id: str) -> Response:

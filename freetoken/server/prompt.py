@@ -9,13 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, get_args
 
 from jinja2 import TemplateError
 
+from freetoken.chat.literal_text import literal_text
 from freetoken.parsers import opens_harmony_reply, prompt_opens_reasoning
 from freetoken.parsers.events import ParserEvent
 from freetoken.server.errors import Api, APIError, bad_request
+from freetoken.server.openai_protocol import ReasoningEffort
 from freetoken.tokenizer.tokenizer import Tokenizer
 
 
@@ -87,7 +89,13 @@ def render_prompt(
     template only when not None.
 
     CPU-heavy for agent-sized prompts (tens of thousands of tokens): the routes call it through a
-    worker thread, and tokenisation goes through :func:`encode_text` so it does not hold the GIL.
+    worker thread, and tokenisation goes through ``Tokenizer.encode_many`` so it does not hold
+    the GIL.
+
+    Added-token strings in message text and tool definitions (``<|im_end|>`` in a user message,
+    a tool result or a tool call's arguments) are tokenised as plain text
+    (:mod:`freetoken.chat.literal_text`): only the template's own markup, and the reasoning /
+    tool-call tags of assistant turns, yield added-token ids.
 
     Raises:
         APIError: 400 when the template rejects the conversation (``ChatTemplate``'s
@@ -95,10 +103,11 @@ def render_prompt(
             nested too deeply to render, e.g. a tool schema nested hundreds of levels).
     """
     extra = {} if reasoning_effort is None else {"reasoning_effort": reasoning_effort}
+    guard = literal_text(tokenizer.added_token_strings)
     try:
-        text = template.render(
-            messages, tools=tools, add_generation_prompt=True, enable_thinking=enable_thinking,
-            **extra,
+        rendered = template.render(
+            guard.escape_messages(messages), tools=guard.escape_tools(tools),
+            add_generation_prompt=True, enable_thinking=enable_thinking, **extra,
         )
     except RecursionError:
         raise bad_request(
@@ -110,11 +119,12 @@ def render_prompt(
         if not message.startswith("chat template"):
             message = f"chat template error: {message}"
         raise bad_request(message, param="messages") from None
+    text = guard.restore(rendered)
     if opens_harmony_reply(text):
         in_reasoning = enable_thinking is not False
     else:
         in_reasoning = prompt_opens_reasoning(text)
-    return Prompt(text, tuple(encode_text(tokenizer, text)), in_reasoning)
+    return Prompt(text, tuple(guard.encode(tokenizer, rendered)), in_reasoning)
 
 
 def encode_text(tokenizer: Tokenizer, text: str) -> list[int]:
@@ -169,6 +179,8 @@ def thinking_from_kwargs(kwargs: dict | None, effort: str | None) -> bool | None
     return effort != "none"
 
 
+OPENAI_EFFORTS: tuple[str, ...] = get_args(ReasoningEffort)
+"""OpenAI's ``reasoning_effort`` levels, lowest first."""
 _EFFORTS = {"none": "low", "minimal": "low", "low": "low", "medium": "medium", "high": "high",
             "xhigh": "high", "max": "high"}
 
@@ -183,8 +195,19 @@ def harmony_effort(effort: object) -> str | None:
 
 def effort_from_kwargs(kwargs: dict | None, effort: str | None) -> str | None:
     """``reasoning_effort`` of an OpenAI request for the template: ``chat_template_kwargs.
-    reasoning_effort`` wins, else the ``reasoning_effort`` field, both through
-    :func:`harmony_effort`; None when neither names a level."""
-    if kwargs and "reasoning_effort" in kwargs:
-        return harmony_effort(kwargs["reasoning_effort"])
+    reasoning_effort`` wins, else the ``reasoning_effort`` field (already one of OpenAI's
+    levels), both through :func:`harmony_effort`; None when neither names a level.
+
+    Raises:
+        APIError: 400 when ``chat_template_kwargs.reasoning_effort`` is set (not null) but is
+            not one of :data:`OPENAI_EFFORTS` (case-insensitive).
+    """
+    if kwargs and kwargs.get("reasoning_effort") is not None:
+        level = harmony_effort(kwargs["reasoning_effort"])
+        if level is None:
+            levels = ", ".join(f"'{e}'" for e in OPENAI_EFFORTS[:-1])
+            levels += f" or '{OPENAI_EFFORTS[-1]}'"
+            raise bad_request(f"chat_template_kwargs.reasoning_effort: Input should be {levels}",
+                              param="chat_template_kwargs.reasoning_effort")
+        return level
     return harmony_effort(effort)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 from tokenizers import Tokenizer as _HFTokenizer
@@ -95,13 +96,40 @@ class Tokenizer:
         """Number of token ids the tokenizer can produce (including added tokens)."""
         return self.hf.get_vocab_size(with_added_tokens=True)
 
+    @cached_property
+    def added_token_strings(self) -> tuple[str, ...]:
+        """The text of every added token, special or not (``<|im_end|>``, ``<think>``…), longest
+        first, so a regex alternation over them matches the longest token at a position."""
+        contents = {t.content for t in self.hf.get_added_tokens_decoder().values() if t.content}
+        return tuple(sorted(contents, key=lambda c: (-len(c), c)))
+
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text``; added tokens written in the text (``<|im_start|>``) map to their ids.
 
         Goes through ``encode_batch``, which releases the GIL (the single ``encode`` holds it for
         seconds on a megabyte prompt, freezing the server's event loop even from a worker thread).
         """
-        return self.hf.encode_batch([text], add_special_tokens=False)[0].ids
+        return self.encode_many([text])[0]
+
+    def encode_many(self, texts: list[str]) -> list[list[int]]:
+        """Token ids of each of ``texts`` (as :meth:`encode`), in one GIL-releasing batch call."""
+        return [e.ids for e in self.hf.encode_batch(texts, add_special_tokens=False)]
+
+    def encode_plain(self, text: str) -> list[int]:
+        """Token ids of ``text`` read as plain characters: an added token written in it
+        (``<|im_end|>``, ``<think>``) becomes the ids of its characters, never its own id.
+
+        Runs the normalizer, pre-tokenizer and model directly: the library's
+        ``encode_special_tokens`` switch leaves non-special added tokens (Qwen's ``<think>``)
+        matched. Meant for short strings (it holds the GIL).
+        """
+        hf = self.hf
+        if hf.normalizer is not None:
+            text = hf.normalizer.normalize_str(text)
+        pieces = [(text, None)]
+        if hf.pre_tokenizer is not None:
+            pieces = hf.pre_tokenizer.pre_tokenize_str(text)
+        return [token.id for piece, _ in pieces for token in hf.model.tokenize(piece)]
 
     def decode(self, ids: list[int] | tuple[int, ...], skip_special_tokens: bool = False) -> str:
         """Text of ``ids``; invalid UTF-8 byte sequences decode to U+FFFD."""

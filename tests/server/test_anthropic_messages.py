@@ -184,7 +184,7 @@ def test_thinking_blocks_carry_signatures(srv, client, stream):
     srv.engine.push("Plan: answer.\n</think>\n\nFour.")
     kwargs = dict(
         model="m",
-        max_tokens=100,
+        max_tokens=2048,
         messages=USER,
         thinking={"type": "enabled", "budget_tokens": 1024},
     )
@@ -212,7 +212,7 @@ def test_thinking_blocks_carry_signatures(srv, client, stream):
 def test_enable_thinking_decision(srv, thinking, expected):
     body = {
         "model": "m",
-        "max_tokens": 10,
+        "max_tokens": 2048,
         "messages": USER,
         **({"thinking": thinking} if thinking else {}),
     }

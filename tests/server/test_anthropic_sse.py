@@ -40,6 +40,7 @@ def test_thinking_text_tool_use_event_order(srv):
         {
             "messages": [{"role": "user", "content": "go"}],
             "tools": [BASH],
+            "max_tokens": 2048,
             "thinking": {"type": "enabled", "budget_tokens": 1024},
         },
         "/v1/messages?beta=true",

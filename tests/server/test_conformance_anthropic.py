@@ -46,6 +46,7 @@ COUNT_CASES = {
         ],
         "tools": [BASH],
         "thinking": THINK,
+        "max_tokens": 2048,
         "messages": HISTORY,
     },
     "history without thinking": {"tools": [BASH], "messages": HISTORY},
@@ -131,7 +132,7 @@ def _thinking_block(msg: dict) -> dict:
 
 
 def test_thinking_blocks_are_signed_and_stable_across_modes(srv_real):
-    body = {"messages": [{"role": "user", "content": "hi"}], "thinking": THINK}
+    body = {"messages": [{"role": "user", "content": "hi"}], "thinking": THINK, "max_tokens": 2048}
     script = "Plan the answer.\n</think>\n\nThe answer."
     plain = srv_real.message(body, script).message
     streamed = srv_real.message({**body, "stream": True}, script)
@@ -165,6 +166,7 @@ def test_thinking_with_stop_sequences_never_leaks_tags(srv_real, stop, content, 
     body = {
         "messages": [{"role": "user", "content": "hi"}],
         "thinking": THINK,
+        "max_tokens": 2048,
         "stop_sequences": [stop],
         "stream": stream,
     }

@@ -414,7 +414,7 @@ def test_unhealthy_engine(srv):
     r = srv.http.post(CHAT, json={"messages": USER})
     assert (r.status_code, r.json()) == (503, oai(message, kind="server_error"))
     r = srv.http.post(MSGS, json={"max_tokens": 5, "messages": USER})
-    assert (r.status_code, r.json()) == (503, ant(message, "overloaded_error"))
+    assert (r.status_code, r.json()) == (529, ant(message, "overloaded_error"))
     srv.engine.healthy = True
     srv.assert_healthy()
 

@@ -148,7 +148,8 @@ def test_openai_reasoning_controls(srv, extra, level):
       "output_config": {"effort": "low"}}, "low"),
 ])
 def test_anthropic_reasoning_controls(srv, extra, level):
-    r = srv.message({"messages": USER, **extra}, "<|channel|>final<|message|>ok")
+    r = srv.message({"messages": USER, "max_tokens": 32000, **extra},
+                    "<|channel|>final<|message|>ok")
     assert r.status == 200, r.body
     assert _level(srv.prompt()) == level
     r = srv.http.post("/v1/messages/count_tokens", json={"messages": USER, **extra})

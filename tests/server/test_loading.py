@@ -1,6 +1,6 @@
-"""The app served while the model loads (``freetoken.server.loading``): exact 503 bodies per API
-with ``Retry-After``, the API-key guard still in front, the handover to the loaded app, a failed
-load, and cancellation once the server stops."""
+"""The app served while the model loads (``freetoken.server.loading``): exact 503 / 529 bodies
+per API with ``Retry-After``, the API-key guard still in front, the handover to the loaded app, a
+failed load, and cancellation once the server stops."""
 
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ def test_health_reports_the_progress_and_every_api_its_own_503(state) -> None:
         assert r.json() == {"error": {"message": LOADING, "type": "server_error", "param": None,
                                       "code": "model_loading"}}
         r = http.post("/v1/messages?beta=true", json={"model": "m", "messages": []})
-        assert (r.status_code, r.headers["retry-after"]) == (503, "5")
+        assert (r.status_code, r.headers["retry-after"]) == (529, "5")  # Anthropic's overloaded
         assert r.json() == {"type": "error", "error": {"type": "overloaded_error",
                                                        "message": LOADING}}
         for method, path in (("GET", "/v1/models"), ("GET", "/metrics"), ("HEAD", "/"),
@@ -119,7 +119,7 @@ def test_a_failed_load_is_reported_until_the_process_exits(state) -> None:
         assert (r.status_code, r.json()) == (503, {"status": "failed",
                                                    "error": "cannot load /m: truncated"})
         r = http.post("/v1/messages", json={})
-        assert r.status_code == 503
+        assert r.status_code == 529
         assert r.json() == {"type": "error", "error": {
             "type": "overloaded_error",
             "message": "the model failed to load: cannot load /m: truncated"}}

@@ -311,3 +311,64 @@ def test_sdk_raises_bad_request_with_the_body(client):
     assert info.value.status_code == 400
     assert info.value.body == _error(
         "tool_choice: 'required' needs a non-empty tools list", "tool_choice")["error"]
+
+
+def test_input_items_list_the_whole_context_with_stable_ids(srv, client):
+    srv.engine.push("<think>why</think>First.")
+    r1 = client.responses.create(model="m", input="one", instructions="Rules.")
+    srv.engine.push("Second.")
+    r2 = client.responses.create(model="m", previous_response_id=r1.id,
+                                 input=[{"role": "user", "content": "two"}])
+    body = srv.http.get(f"/v1/responses/{r2.id}/input_items", params={"order": "asc"}).json()
+    data = body["data"]
+    assert [(d["type"], d.get("role")) for d in data] == [
+        ("message", "user"), ("reasoning", None), ("message", "assistant"), ("message", "user")]
+    assert data[0]["content"] == [{"type": "input_text", "text": "one"}]
+    assert data[3]["content"] == [{"type": "input_text", "text": "two"}]
+    assert [d["id"] for d in data[1:3]] == [item.id for item in r1.output]
+    assert data[0]["id"].startswith("msg_") and data[3]["id"].startswith("msg_")
+    assert (body["object"], body["first_id"], body["last_id"], body["has_more"]) == (
+        "list", data[0]["id"], data[3]["id"], False)
+    # the first turn's input keeps its id in r1's own list; newest first by default
+    first = srv.http.get(f"/v1/responses/{r1.id}/input_items").json()
+    assert [d["id"] for d in first["data"]] == [data[0]["id"]]
+    newest = [item.id for item in client.responses.input_items.list(r2.id)]
+    assert newest == [d["id"] for d in reversed(data)]
+
+
+def test_input_items_pages_with_limit_and_after(srv, client):
+    srv.engine.push("A.")
+    r1 = client.responses.create(model="m", input="one")
+    srv.engine.push("B.")
+    r2 = client.responses.create(model="m", input="two", previous_response_id=r1.id)
+    url = f"/v1/responses/{r2.id}/input_items"
+    ids = [d["id"] for d in srv.http.get(url, params={"order": "asc"}).json()["data"]]
+    assert len(ids) == 3
+    page = srv.http.get(url, params={"order": "asc", "limit": 2}).json()
+    assert ([d["id"] for d in page["data"]], page["has_more"]) == (ids[:2], True)
+    page = srv.http.get(url, params={"order": "asc", "limit": 2, "after": ids[1]}).json()
+    assert ([d["id"] for d in page["data"]], page["has_more"], page["first_id"]) == (
+        ids[2:], False, ids[2])
+    page = srv.http.get(url, params={"after": ids[0]}).json()  # desc: nothing older than it
+    assert (page["data"], page["first_id"], page["last_id"]) == ([], None, None)
+
+
+@pytest.mark.parametrize(("params", "status", "expected"), [
+    ({}, 404, _error("Response with id 'resp_missing' not found.", None)),
+    ({"limit": 0}, 400, _error("Invalid 'limit': integer below minimum value. Expected a value "
+                               ">= 1, but got 0 instead.", "limit")),
+    ({"limit": 101}, 400, _error("Invalid 'limit': integer above maximum value. Expected a "
+                                 "value <= 100, but got 101 instead.", "limit")),
+    ({"order": "up"}, 400, _error("Invalid value: 'up'. Supported values are: 'asc' and "
+                                  "'desc'.", "order")),
+    ({"after": "msg_x"}, 400, None),
+], ids=["unknown-id", "limit-0", "limit-101", "order", "after"])
+def test_input_items_errors_in_openai_shape(srv, client, params, status, expected):
+    response_id = "resp_missing"
+    if status == 400:
+        response_id = client.responses.create(model="m", input="hi").id
+    r = srv.http.get(f"/v1/responses/{response_id}/input_items", params=params)
+    if expected is None:
+        expected = _error(f"Invalid 'after': response '{response_id}' has no input item with "
+                          "id 'msg_x'.", "after")
+    assert (r.status_code, r.json()) == (status, expected)

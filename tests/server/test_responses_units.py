@@ -10,7 +10,7 @@ from freetoken.server.errors import APIError
 from freetoken.server.messages import MEDIA_PLACEHOLDER
 from freetoken.server.openai_responses_input import input_messages
 from freetoken.server.openai_responses_items import OutputBuilder
-from freetoken.server.openai_responses_store import ResponseStore, StoredResponse
+from freetoken.server.openai_responses_store import ResponseStore, StoredResponse, json_bytes
 
 
 def call(call_id: str, args: str = '{"a": 1}') -> dict:
@@ -97,6 +97,51 @@ def test_store_drops_the_least_recently_used():
     assert store.get("c").response == {"id": "c"}
     with pytest.raises(ValueError):
         ResponseStore(max_items=0)
+
+
+def _turn(text: str, size: int) -> dict:
+    return {"type": "message", "role": "user", "content": text * size}
+
+
+def test_store_is_bounded_by_bytes_oldest_first():
+    item = _turn("x", 100)
+    per_item = json_bytes(item)
+    own = json_bytes({"id": "a"})
+    store = ResponseStore(max_items=100, max_bytes=3 * (per_item + own))
+    for name in ("a", "b", "c"):
+        store.put(name, StoredResponse({"id": name}, (_turn("x", 100),)))
+    assert (len(store), store.num_bytes) == (3, 3 * (per_item + own))
+    assert store.get("a") is not None  # "b" is now the least recently used
+    store.put("d", StoredResponse({"id": "d"}, (_turn("x", 100),)))
+    assert [n for n in "abcd" if store.get(n) is None] == ["b"]
+    assert store.num_bytes == 3 * (per_item + own)
+    for name in ("a", "c", "d"):
+        store.delete(name)
+    assert (len(store), store.num_bytes) == (0, 0)
+
+
+def test_store_counts_items_shared_by_a_conversation_once():
+    first, second = _turn("x", 1000), _turn("y", 1000)
+    store = ResponseStore()
+    store.put("r1", StoredResponse({"id": "r1", "output": []}, (first,)))
+    store.put("r2", StoredResponse({"id": "r2", "output": []}, (first, second)))
+    shared = json_bytes(first) + json_bytes(second) + 2 * json_bytes({"id": "r1"})
+    assert store.num_bytes == shared
+    store.delete("r1")  # r2 still holds the first turn
+    assert store.num_bytes == json_bytes(first) + json_bytes(second) + json_bytes({"id": "r2"})
+    store.put("r2", StoredResponse({"id": "r2"}, ()))  # replacing releases the old entry
+    assert store.num_bytes == json_bytes({"id": "r2"})
+
+
+def test_a_response_over_the_byte_bound_is_not_kept():
+    store = ResponseStore(max_bytes=500)
+    store.put("small", StoredResponse({"id": "small"}, ()))
+    store.put("big", StoredResponse({"id": "big"}, (_turn("x", 1000),)))
+    assert (store.get("big"), store.get("small") is not None) == (None, True)
+    assert store.num_bytes == json_bytes({"id": "small"})
+    assert (ResponseStore().max_items, ResponseStore().max_bytes) == (256, 256 * 1024 * 1024)
+    with pytest.raises(ValueError):
+        ResponseStore(max_bytes=0)
 
 
 def test_builder_items_and_held_back_whitespace():

@@ -95,7 +95,7 @@ def test_serve_answers_503_while_loading_then_serves(tmp_path: Path) -> None:
 
             r = http.post("/v1/messages", json={"model": "tiny", "max_tokens": 4,
                                                 "messages": [{"role": "user", "content": "hi"}]})
-            assert (r.status_code, r.headers["retry-after"]) == (503, "5")
+            assert (r.status_code, r.headers["retry-after"]) == (529, "5")
             body = r.json()
             assert body == {"type": "error", "error": {"type": "overloaded_error",
                                                        "message": body["error"]["message"]}}

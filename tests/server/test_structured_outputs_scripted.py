@@ -113,7 +113,7 @@ def test_reasoning_stays_free(live):
     grammar = live.grammar("/v1/chat/completions", {"messages": USER,
                                                     "response_format": CHAT_PERSON})
     assert grammar == person(reasoning=True)
-    body = {"max_tokens": 32, "messages": USER, "thinking": {"type": "enabled",
+    body = {"max_tokens": 2048, "messages": USER, "thinking": {"type": "enabled",
                                                              "budget_tokens": 1024},
             "output_config": {"format": {"type": "json_schema", "schema": PERSON}}}
     assert live.grammar("/v1/messages", body) == person(reasoning=True)
