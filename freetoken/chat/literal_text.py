@@ -27,10 +27,11 @@ sees the placeholder instead and treats the turn as text. :data:`USER_SWITCHES` 
 
 from __future__ import annotations
 
-import json
 import re
 from functools import lru_cache
 from typing import Any, Protocol
+
+from freetoken.chat.messages import parse_arguments
 
 OPEN, CLOSE = "\ue000", "\ue001"
 _PLACEHOLDER = re.compile(f"{OPEN}(\\d+){CLOSE}")
@@ -43,17 +44,6 @@ kept as markup in assistant turns (never in others)."""
 USER_SWITCHES = frozenset({"/nothink"})
 """Added tokens a person is meant to type (GLM-4.5's ``/nothink`` ends a user turn to turn
 thinking off, and its template tests the content for it): kept in every turn."""
-
-
-def _parsed_object(arguments: Any) -> Any:
-    """``arguments`` parsed when it is a string holding a JSON object, else as it is."""
-    if not isinstance(arguments, str):
-        return arguments
-    try:
-        parsed = json.loads(arguments)
-    except ValueError:
-        return arguments
-    return parsed if isinstance(parsed, dict) else arguments
 
 
 def _alternation(literals: tuple[str, ...]) -> re.Pattern:
@@ -148,7 +138,7 @@ class LiteralText:
             if key == "function" and isinstance(value, dict):
                 out[key] = self._escape_call(value)
             elif key == "arguments":
-                out[key] = self.escape_data(_parsed_object(value))
+                out[key] = self.escape_data(parse_arguments(value))
             else:
                 out[key] = self.escape_data(value)
         return out

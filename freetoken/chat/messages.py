@@ -67,17 +67,22 @@ def _flatten_text_parts(content: Any) -> Any:
     return "".join(texts)
 
 
+def parse_arguments(raw: Any) -> Any:
+    """Tool-call arguments for rendering: a dict when ``raw`` is (or parses to) a JSON object,
+    else ``raw`` unchanged (templates then emit the string verbatim)."""
+    if not isinstance(raw, str):
+        return raw
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return raw
+    return value if isinstance(value, dict) else raw
+
+
 def _parse_arguments(call: dict) -> None:
     holder = call.get("function") if isinstance(call.get("function"), dict) else call
-    args = holder.get("arguments")
-    if not isinstance(args, str):
-        return
-    try:
-        parsed = json.loads(args)
-    except ValueError:
-        return
-    if isinstance(parsed, dict):
-        holder["arguments"] = parsed
+    if "arguments" in holder:
+        holder["arguments"] = parse_arguments(holder["arguments"])
 
 
 def normalize_messages(

@@ -12,11 +12,11 @@ caching depends on this; harnesses.md §8 "Engine implications").
 
 from __future__ import annotations
 
-import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from freetoken.chat.messages import parse_arguments
 from freetoken.server.anthropic_protocol import AnthropicMessage
 from freetoken.server.errors import bad_request, from_validation_error
 from freetoken.server.openai_protocol import ChatMessage
@@ -98,18 +98,6 @@ def text_of(
             raise _unsupported(kind, f"{path}.{j}")
         texts.append(_validate(_TextBlock, part, f"{path}.{j}").text)
     return "\n".join(texts)
-
-
-def parse_arguments(raw: str | dict[str, Any]) -> str | dict[str, Any]:
-    """Tool-call arguments for rendering: a dict when ``raw`` is (or parses to) a JSON object,
-    else ``raw`` unchanged (templates then emit the string verbatim)."""
-    if isinstance(raw, dict):
-        return raw
-    try:
-        value = json.loads(raw)
-    except ValueError:
-        return raw
-    return value if isinstance(value, dict) else raw
 
 
 def from_openai(messages: list[ChatMessage]) -> list[dict]:

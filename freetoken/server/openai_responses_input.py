@@ -27,7 +27,8 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from freetoken.server.errors import bad_request, from_validation_error
-from freetoken.server.messages import MEDIA_PLACEHOLDER, parse_arguments
+from freetoken.chat.messages import parse_arguments
+from freetoken.server.messages import MEDIA_PLACEHOLDER
 from freetoken.server.openai_responses_protocol import (
     CustomToolCallItem,
     CustomToolCallOutputItem,
