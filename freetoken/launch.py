@@ -359,9 +359,10 @@ def serve(args: argparse.Namespace) -> int:
     from freetoken.engine.async_engine import check_max_model_len
     from freetoken.models.config import ModelConfig
     from freetoken.server.config import ServerConfig
-    from freetoken.server.loading import LoadingApp, LoadState
+    from freetoken.server.loading import LoadingApp, LoadState, QuietLoadingPolls
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("uvicorn.access").addFilter(QuietLoadingPolls())
     try:
         moe = check_moe_flags(args)
         path = resolve_model(args.model)

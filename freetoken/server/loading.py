@@ -10,6 +10,7 @@ The loader thread writes :class:`LoadState`, the event loop reads it; a lock gua
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -208,3 +209,17 @@ class LoadingApp:
                 self.state.close()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
+
+
+class QuietLoadingPolls(logging.Filter):
+    """Drops uvicorn's access-log line of each ``GET /health`` answered 503 (loading): a client
+    waiting for the model (``freetoken launch`` polls every second) would otherwise fill the
+    server log with one line per poll. Every other line passes (record args as uvicorn's
+    ``AccessFormatter`` takes them: client, method, path, HTTP version, status)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if not isinstance(args, tuple) or len(args) != 5:
+            return True
+        _client, method, path, _version, status = args
+        return not (method == "GET" and path == "/health" and status == 503)

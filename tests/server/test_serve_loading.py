@@ -4,6 +4,7 @@ tensor), then a checkpoint that fails to load after the port is bound."""
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import re
@@ -113,10 +114,12 @@ def test_serve_answers_503_while_loading_then_serves(tmp_path: Path) -> None:
         code = server.stop()
     log = server.log_tail(100_000)
     assert code == 0, log
-    order = [log.find(m) for m in ("[freetoken] loading ", "listening on", "GET /health HTTP/1.1\" 503",
+    order = [log.find(m) for m in ("[freetoken] loading ", "listening on",
+                                   "POST /v1/chat/completions HTTP/1.1\" 503",
                                    "[freetoken] loaded qwen3_next in ", "[freetoken] model 'tiny' ready",
-                                   "[freetoken] stopped")]
+                                   "GET /health HTTP/1.1\" 200", "[freetoken] stopped")]
     assert all(p >= 0 for p in order) and order == sorted(order), log
+    assert "GET /health HTTP/1.1\" 503" not in log  # polls while loading are not logged
 
 
 def test_a_checkpoint_that_fails_after_binding_exits_2_with_the_error(tmp_path: Path) -> None:
@@ -180,3 +183,21 @@ def test_serve_prints_the_memory_plan_and_serves_it(tmp_path: Path) -> None:
     assert start < next(i for i, line in enumerate(lines) if "listening on" in line)
     ckpt_mib = f"{plan['checkpoint_host_bytes'] / 2**20:.0f} MiB host tier"
     assert any(line.startswith("[freetoken] KV cache:") and ckpt_mib in line for line in lines)
+
+
+def test_only_loading_health_polls_leave_the_access_log() -> None:
+    from freetoken.server.loading import QuietLoadingPolls
+
+    def record(method: str, path: str, status: int) -> logging.LogRecord:
+        return logging.LogRecord("uvicorn.access", logging.INFO, __file__, 1,
+                                 '%s - "%s %s HTTP/%s" %d',
+                                 ("127.0.0.1:5000", method, path, "1.1", status), None)
+
+    quiet = QuietLoadingPolls()
+    assert not quiet.filter(record("GET", "/health", 503))
+    assert quiet.filter(record("GET", "/health", 200))
+    assert quiet.filter(record("GET", "/health?x=1", 503))
+    assert quiet.filter(record("POST", "/v1/chat/completions", 503))
+    assert quiet.filter(record("GET", "/v1/models", 503))
+    assert quiet.filter(logging.LogRecord("uvicorn.access", logging.INFO, __file__, 1, "plain",
+                                          None, None))

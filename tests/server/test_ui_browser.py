@@ -94,6 +94,13 @@ def test_ui_live_numbers_chat_and_resize(server: ServerProcess, browser) -> None
     assert float(_text(browser, "last-decode")) > 0
     assert browser.find_elements("css selector", "#chart-ttft circle")
     assert _text(browser, "cache-hit-rate").endswith("%")
+    # "misses filled" is what the misses did (the layers' counters), not the split's target
+    layers = http.get("/v1/freetoken/status").json()["expert_cache"]["layers"]
+    misses = sum(layer["misses"] for layer in layers)
+    fills = sum(layer["fills"] for layer in layers)
+    assert misses > 0
+    _wait(browser, lambda: _text(browser, "cache-split") == f"{100 * fills / misses:.1f}%",
+          "the measured share of misses filled")
     assert "generic" in _text(browser, "harness-table")
 
     box = browser.find_element("id", "resize-input")

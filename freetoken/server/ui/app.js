@@ -47,13 +47,17 @@ function showCache(c) {
     for (const id of ["cache-slots", "cache-hit-rate", "cache-split"]) setText(id, "-");
     return;
   }
+  // what the misses so far did (the per-layer counters), next to the split the runtime aims at
+  const misses = c.layers.reduce((n, l) => n + l.misses, 0);
+  const filled = misses ? c.layers.reduce((n, l) => n + l.fills, 0) / misses : null;
   summary.textContent = c.backend + " backend, " + c.policy + " policy on " + c.device + ": " +
     c.slots + " of " + c.total_experts + " experts cached (" + fmtBytes(c.bytes) + "), hit rate " +
-    pct(c.hit_rate) + ", misses filled (q/m) " + pct(c.split_ratio) +
+    pct(c.hit_rate) + ", misses filled " + pct(filled) + " (the rest ran on the CPU), target q/m " +
+    pct(c.split_ratio) +
     (c.pending_resize_bytes ? ", resize to " + fmtBytes(c.pending_resize_bytes) + " pending" : "");
   setText("cache-slots", c.slots);
   setText("cache-hit-rate", pct(c.hit_rate));
-  setText("cache-split", pct(c.split_ratio));
+  setText("cache-split", pct(filled));
   layerChart(document.getElementById("chart-layers"), c.layers);
 }
 
