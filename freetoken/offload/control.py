@@ -167,6 +167,8 @@ def parse_bytes(text: str, require_unit: bool = False) -> int:
     if match is None or unit not in _UNITS:
         raise ValueError(f"invalid size {text!r}: expected a number with an optional unit "
                          "(B, KB, MB, GB, TB, KiB, MiB, GiB, TiB), e.g. 2GiB")
+    if float(match.group(1)) == 0:  # whatever the unit: suggesting one would not help
+        raise ValueError(f"invalid size {text!r}: must be at least 1 byte")
     if require_unit and not unit:
         raise ValueError(f"invalid size {text!r}: give a unit, e.g. {text.strip()}MiB or "
                          f"{text.strip()}B (a bare number is ambiguous)")

@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from freetoken.engine.client import EngineDeadError
-from freetoken.offload.control import MOE_BACKENDS, MoeStats, ResizeResult, parse_bytes
+from freetoken.offload.control import MAX_BYTES, MOE_BACKENDS, MoeStats, ResizeResult, parse_bytes
 from freetoken.server.config import ServerConfig
 from freetoken.server.context import ServerContext, load_json
 from freetoken.server.errors import APIError, bad_request
@@ -63,6 +63,8 @@ def parse_resize_body(raw: bytes) -> int:
     if isinstance(value, int) and not isinstance(value, bool):
         if value < 1:
             raise bad_request(f"{FIELD}: must be at least 1 byte, got {value}", param=FIELD)
+        if value > MAX_BYTES:  # as a size string is refused
+            raise bad_request(f"{FIELD}: larger than {MAX_BYTES} bytes, got {value}", param=FIELD)
         return value
     raise bad_request(f'{FIELD}: expected a size string such as "2GiB" or an integer number '
                       f"of bytes, got {_JSON_TYPES.get(type(value), type(value).__name__)}",

@@ -81,6 +81,14 @@ BAD_BODIES = [
     (b'{"expert_cache": 0}', "expert_cache: must be at least 1 byte, got 0", "expert_cache"),
     (b'{"expert_cache": -4096}', "expert_cache: must be at least 1 byte, got -4096",
      "expert_cache"),
+    # zero is refused as zero, not told to add a unit that would not help
+    (b'{"expert_cache": "0"}', "expert_cache: invalid size '0': must be at least 1 byte",
+     "expert_cache"),
+    (b'{"expert_cache": "0.0B"}', "expert_cache: invalid size '0.0B': must be at least 1 byte",
+     "expert_cache"),
+    # an integer is held to the bound a size string is
+    (b'{"expert_cache": ' + b"9" * 20 + b"}", "expert_cache: larger than 4611686018427387904 "
+     "bytes, got " + "9" * 20, "expert_cache"),
 ] + [
     (f'{{"expert_cache": {raw}}}'.encode(),
      'expert_cache: expected a size string such as "2GiB" or an integer number of bytes, '

@@ -125,3 +125,16 @@ def test_ui_live_numbers_chat_and_resize(server: ServerProcess, browser) -> None
         browser.save_screenshot(shot)
     assert _console_errors(browser) == []
     http.close()
+
+
+def test_ui_hides_the_resize_control_without_an_expert_cache(tmp_path, browser) -> None:
+    proc = ServerProcess.start(tmp_path / "serve.log", max_output_tokens=16,
+                               port=free_port(PORTS))  # resident experts: nothing to resize
+    try:
+        browser.get(f"{proc.base_url}/ui")
+        _wait(browser, lambda: _text(browser, "status-time") != "never", "a first status poll")
+        assert _text(browser, "cache-summary").startswith("no offloaded MoE runtime")
+        assert not browser.find_element("id", "resize-form").is_displayed()
+        assert _console_errors(browser) == []
+    finally:
+        proc.stop()

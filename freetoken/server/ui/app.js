@@ -41,6 +41,7 @@ function showRequests(s) {
 
 function showCache(c) {
   const summary = document.getElementById("cache-summary");
+  document.getElementById("resize-form").hidden = !c;  // nothing to resize on resident experts
   if (!c) {
     summary.textContent = "no offloaded MoE runtime (resident backend): no expert cache to show or resize";
     layerChart(document.getElementById("chart-layers"), []);
