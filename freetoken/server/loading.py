@@ -2,7 +2,8 @@
 
 ``freetoken serve`` binds, starts uvicorn on :class:`LoadingApp` and loads the checkpoint in a
 background thread (:func:`LoadingApp` runs the loader at ASGI start-up). Until the engine is ready,
-``GET /health`` answers 503 ``{"status": "loading", "progress": {...}}`` and every other route a 503
+``GET /health`` answers 503 ``{"status": "loading", "progress": {...}}``, ``GET /metrics`` the
+load's gauges, ``/ui`` its static page (which shows the progress), and every other route a 503
 in its API's error shape with ``Retry-After`` (Anthropic paths: 529 ``overloaded_error``, see
 :func:`freetoken.server.errors.wire_status`); then the app built on the engine takes every request.
 The loader thread writes :class:`LoadState`, the event loop reads it; a lock guards both.
@@ -16,13 +17,18 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from starlette.responses import JSONResponse
+from starlette.applications import Starlette
+from starlette.responses import JSONResponse, RedirectResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from freetoken.models.load_progress import LoadStep
 from freetoken.server.config import ServerConfig
 from freetoken.server.errors import APIError, api_for_path, error_response
+from freetoken.server.metrics import CONTENT_TYPE, render_loading_metrics
 from freetoken.server.middleware import ErrorNetMiddleware, GuardMiddleware
+from freetoken.server.ui_routes import UI_DIR
 
 # Seconds a client is told to wait before retrying a request refused while the model loads.
 RETRY_AFTER_S = 5
@@ -160,7 +166,12 @@ async def _while_loading(state: LoadState, scope: Scope, receive: Receive, send:
         progress = state.progress()
         body = {"status": "loading", "progress": progress.to_json()}
         err = _loading_error(progress)
-    if scope["path"] == "/health":
+    path = scope["path"]
+    if path == "/metrics" and state.error is None and scope.get("method") in ("GET", "HEAD"):
+        progress = state.progress()
+        response = Response(render_loading_metrics(progress.stage, progress.fraction,
+                                                   progress.elapsed_s), media_type=CONTENT_TYPE)
+    elif path == "/health":
         response = JSONResponse(body, status_code=503, headers=headers)
     else:
         response = error_response(err, api_for_path(scope["path"]))
@@ -186,7 +197,15 @@ class LoadingApp:
         self.state = state
         self._start = start
 
+        # the operator page is static: it loads and shows the progress while the model loads
+        ui = Starlette(routes=[Route("/ui", lambda _request: RedirectResponse("/ui/")),
+                               Mount("/ui", StaticFiles(directory=UI_DIR, html=True))])
+
         async def loading(scope: Scope, receive: Receive, send: Send) -> None:
+            path = scope.get("path", "")
+            if scope["type"] == "http" and (path == "/ui" or path.startswith("/ui/")):
+                await ui(scope, receive, send)
+                return
             await _while_loading(state, scope, receive, send)
 
         self._loading = ErrorNetMiddleware(GuardMiddleware(loading, config=config))

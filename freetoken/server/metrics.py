@@ -211,3 +211,21 @@ def render_metrics(counters: EngineCounters, moe_stats: MoeStats | None, *,
     if moe_stats is not None:
         lines += _moe_lines(moe_stats)
     return "\n".join(lines) + "\n"
+
+
+def render_loading_metrics(stage: str, fraction: float | None, elapsed_s: float) -> str:
+    """The ``/metrics`` page while the model loads (a scraper sees the server up, not a 503):
+    ``freetoken_engine_healthy`` 0, ``freetoken_loading`` 1, the stage as a label, the share
+    of checkpoint bytes read (omitted while unknown) and the seconds since the load started."""
+    lines = [
+        *family("freetoken_engine_healthy", "gauge", "1 while the engine loop is alive.",
+                [({}, False)]),
+        *family("freetoken_loading", "gauge", "1 while the model loads (per stage).",
+                [({"stage": stage}, True)]),
+        *family("freetoken_loading_seconds", "gauge", "Seconds since the model load started.",
+                [({}, elapsed_s)]),
+    ]
+    if fraction is not None:
+        lines += family("freetoken_loading_fraction", "gauge",
+                        "Share of the checkpoint bytes read so far (0-1).", [({}, fraction)])
+    return "\n".join(lines) + "\n"

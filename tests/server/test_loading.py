@@ -13,6 +13,7 @@ from starlette.testclient import TestClient
 from freetoken.models.load_progress import LoadStep
 from freetoken.server.config import ServerConfig
 from freetoken.server.loading import RETRY_AFTER_S, LoadCancelled, LoadingApp, LoadState
+from freetoken.server.ui_routes import UI_DIR
 
 LOADING = "the model is loading (weights 25%, 3 s so far); retry in 5 s"
 
@@ -64,10 +65,31 @@ def test_health_reports_the_progress_and_every_api_its_own_503(state) -> None:
         assert (r.status_code, r.headers["retry-after"]) == (529, "5")  # Anthropic's overloaded
         assert r.json() == {"type": "error", "error": {"type": "overloaded_error",
                                                        "message": LOADING}}
-        for method, path in (("GET", "/v1/models"), ("GET", "/metrics"), ("HEAD", "/"),
-                             ("GET", "/ui/"), ("POST", "/v1/responses")):
+        for method, path in (("GET", "/v1/models"), ("HEAD", "/"), ("POST", "/metrics"),
+                             ("GET", "/v1/freetoken/status"), ("POST", "/v1/responses")):
             r = http.request(method, path)
             assert (r.status_code, r.headers["retry-after"]) == (503, "5"), path
+        # the load's gauges for a scraper, and the operator page, which shows the progress
+        r = http.get("/metrics")
+        assert r.status_code == 200 and r.text == (
+            "# HELP freetoken_engine_healthy 1 while the engine loop is alive.\n"
+            "# TYPE freetoken_engine_healthy gauge\n"
+            "freetoken_engine_healthy 0\n"
+            "# HELP freetoken_loading 1 while the model loads (per stage).\n"
+            "# TYPE freetoken_loading gauge\n"
+            'freetoken_loading{stage="weights"} 1\n'
+            "# HELP freetoken_loading_seconds Seconds since the model load started.\n"
+            "# TYPE freetoken_loading_seconds gauge\n"
+            "freetoken_loading_seconds 3.0\n"
+            "# HELP freetoken_loading_fraction Share of the checkpoint bytes read so far (0-1).\n"
+            "# TYPE freetoken_loading_fraction gauge\n"
+            "freetoken_loading_fraction 0.25\n")
+        r = http.get("/ui", follow_redirects=False)
+        assert (r.status_code, r.headers["location"]) == (307, "/ui/")
+        r = http.get("/ui/")
+        assert r.status_code == 200 and r.text == (UI_DIR / "index.html").read_text()
+        assert http.get("/ui/style.css").text == (UI_DIR / "style.css").read_text()
+        assert http.get("/ui/missing.js").status_code == 404
     assert started == [1]
 
 

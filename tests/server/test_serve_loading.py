@@ -85,10 +85,23 @@ def test_serve_answers_503_while_loading_then_serves(tmp_path: Path) -> None:
             assert 0 < done < total and 0 <= progress["elapsed_s"] < 120
             pct = f"{done / total:.0%}"
 
+            # a scraper sees the load (not a 503); the operator page loads and shows it
+            r = http.get("/metrics")
+            assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+            gauges = dict(line.rsplit(" ", 1) for line in r.text.splitlines()
+                          if not line.startswith("#"))
+            assert gauges["freetoken_engine_healthy"] == "0"
+            assert gauges['freetoken_loading{stage="weights"}'] == "1"
+            assert 0 < float(gauges["freetoken_loading_fraction"]) <= 1
+            assert float(gauges["freetoken_loading_seconds"]) >= 0
+            r = http.get("/ui", follow_redirects=True)
+            assert r.status_code == 200 and 'id="health"' in r.text
+            assert http.get("/ui/app.js").status_code == 200
+
             chat = {"model": "tiny", "max_tokens": 4, "temperature": 0,
                     "messages": [{"role": "user", "content": "hi"}]}
             r = http.post("/v1/chat/completions", json=chat)
-            assert (r.status_code, r.headers["retry-after"]) == (503, "5")
+            assert (r.status_code, r.headers.get("retry-after")) == (503, "5"), r.text
             err = r.json()["error"]
             assert re.fullmatch(LOADING.format(pct=pct), err["message"]), err
             assert err == {"message": err["message"], "type": "server_error", "param": None,

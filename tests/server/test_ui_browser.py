@@ -127,14 +127,33 @@ def test_ui_live_numbers_chat_and_resize(server: ServerProcess, browser) -> None
     http.close()
 
 
-def test_ui_hides_the_resize_control_without_an_expert_cache(tmp_path, browser) -> None:
-    proc = ServerProcess.start(tmp_path / "serve.log", max_output_tokens=16,
-                               port=free_port(PORTS))  # resident experts: nothing to resize
+def test_ui_shows_the_load_then_hides_the_resize_control_without_an_expert_cache(
+        tmp_path, browser) -> None:
+    from tests.server.test_serve_loading import DELAY_S, _start
+
+    proc = _start(tmp_path / "serve.log", delay=DELAY_S)  # resident experts: nothing to resize
     try:
-        browser.get(f"{proc.base_url}/ui")
-        _wait(browser, lambda: _text(browser, "status-time") != "never", "a first status poll")
+        _wait(browser, lambda: _loaded_page(browser, proc), "the page served while loading")
+        _wait(browser, lambda: _text(browser, "health") == "loading", "the loading badge")
+        assert "the model is loading" in _text(browser, "error")
+        proc._wait_healthy(DELAY_S + 120)
+        _wait(browser, lambda: _text(browser, "health") == "healthy", "the loaded engine")
         assert _text(browser, "cache-summary").startswith("no offloaded MoE runtime")
         assert not browser.find_element("id", "resize-form").is_displayed()
-        assert _console_errors(browser) == []
+        # the only console errors: the browser's own lines for the status polls refused (503)
+        # while the model loaded
+        assert [e for e in _console_errors(browser) if not (
+            e["source"] == "network" and "/v1/freetoken/status" in e["message"]
+            and "status of 503" in e["message"])] == []
     finally:
         proc.stop()
+
+
+def _loaded_page(browser, proc: ServerProcess) -> bool:
+    """Open ``/ui`` once the port answers; True when the page came."""
+    try:
+        httpx.get(f"{proc.base_url}/health", timeout=2)
+    except httpx.TransportError:
+        return False
+    browser.get(f"{proc.base_url}/ui")
+    return bool(browser.find_elements("id", "health"))

@@ -18,7 +18,9 @@ async function callJson(path, body) {
   const data = await r.json().catch(() => null);
   if (!r.ok) {
     const msg = data && data.error && data.error.message ? data.error.message : "HTTP " + r.status;
-    throw new Error(msg);
+    const err = new Error(msg);
+    err.code = data && data.error ? data.error.code : null;  // "model_loading" while it loads
+    throw err;
   }
   return data;
 }

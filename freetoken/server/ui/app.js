@@ -108,9 +108,10 @@ async function poll() {
     const box = document.getElementById("error");
     box.textContent = "status: " + err.message;
     box.hidden = false;
-    const health = document.getElementById("health");  // the server no longer answers in kind
-    health.textContent = "unreachable";
-    health.className = "badge bad";
+    const health = document.getElementById("health");
+    const loading = err.code === "model_loading";  // the server answers; the model is not ready
+    health.textContent = loading ? "loading" : "unreachable";
+    health.className = "badge " + (loading ? "busy" : "bad");
   } finally {
     setTimeout(poll, POLL_MS);
   }
