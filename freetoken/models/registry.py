@@ -22,7 +22,7 @@ from freetoken.models.host_memory import (
     available_host_memory, check_host_memory, host_bytes_needed, routed_expert_bytes,
 )
 from freetoken.models.load_progress import LoadProgress
-from freetoken.models.loader import Checkpoint, load_weights
+from freetoken.models.loader import Checkpoint
 from freetoken.units import format_bytes
 from freetoken.models.qwen3_5_moe import Qwen3_5MoeForCausalLM
 from freetoken.models.qwen3_moe import Qwen3MoeForCausalLM
@@ -44,7 +44,8 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32,
                device: str = "cpu", moe=None,
                bandwidths: tuple[float, float] | None = None,
                progress: LoadProgress | None = None) -> CausalLM:
-    """Load an HF checkpoint directory (``config.json`` + safetensors) as a FreeToken model.
+    """Load an HF checkpoint directory (``config.json`` + safetensors), or a packed one
+    (``freetoken convert``), as a FreeToken model.
 
     Args:
         path: checkpoint directory.
@@ -101,7 +102,9 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32,
                                     progress).eval()
     model = MODEL_CLASSES[arch](config, dtype=dtype, device=device)
     advise_huge_pages(model.parameters())  # before load_weights first writes them
-    load_weights(checkpoint, model.weight_targets(), progress)
+    from freetoken.packed.load import load_checkpoint
+
+    load_checkpoint(checkpoint, model.weight_targets(), progress)
     return model.eval()
 
 
