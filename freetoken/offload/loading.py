@@ -74,11 +74,9 @@ def model_bytes(model_cls: type[DecoderLM], config: ModelConfig, dtype: torch.dt
 def bank_dtype(checkpoint: Checkpoint, dtype: torch.dtype, first_expert: str) -> torch.dtype:
     """bf16 banks when computing in bf16 or when the experts are stored in bf16 (lossless);
     fp32 otherwise."""
-    if checkpoint.packed is not None:  # dense packed banks are bf16 exactly when stored so
-        stored_bf16 = checkpoint.packed.dtype == "bfloat16"
-    else:
-        stored_bf16 = checkpoint.dtype(first_expert) == "BF16"
-    if dtype == torch.bfloat16 or stored_bf16:
+    packed = checkpoint.packed
+    stored = packed.stored_dtype if packed is not None else checkpoint.dtype(first_expert)
+    if dtype == torch.bfloat16 or stored == "BF16":
         return torch.bfloat16
     return torch.float32
 

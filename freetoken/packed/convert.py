@@ -2,8 +2,8 @@
 
 The routed experts are read once into :class:`~freetoken.offload.banks.ExpertBanks` exactly as
 the runtime builds them (leading dim ``l * E + e``, gpt-oss's gate / up rows de-interleaved,
-MXFP4 / NVFP4 / FP8 experts as stored, other experts dense: bf16 when stored in bf16, else fp32,
-so a load in either compute dtype gets the values a safetensors load gets) and written as banks;
+MXFP4 / NVFP4 / FP8 experts as stored, other experts dense: bf16 when all are stored in bf16,
+else fp32, so a load in either compute dtype gets the values a safetensors load gets) and written as banks;
 the other tensors are copied as stored into safetensors, and every other top-level file (config,
 tokenizer, chat template) beside them. The manifest is written last: an interrupted conversion
 is not taken for a packed checkpoint.
@@ -65,17 +65,29 @@ def convert(src: str | Path, dst: str | Path, say: Callable[[str], None] = lambd
     if dst.exists() and (not dst.is_dir() or any(dst.iterdir())):
         raise ValueError(f"{dst} exists and is not an empty directory")
     stored = stored_expert_format(plain, config)
-    first = first_expert_tensor(config)
-    dtype = torch.bfloat16 if stored is None and plain.dtype(first) == "BF16" else torch.float32
     checkpoint = Checkpoint.for_config(src, config, raw_experts=stored is not None)
     moe_layers = tuple(i for i in range(config.num_hidden_layers) if config.is_moe_layer(i))
+    if not moe_layers:
+        raise ValueError(f"{src}: the model has no MoE layers to pack")
     swiglu = (config.swiglu_limit, config.swiglu_alpha) if config.expert_bias else None
-    banks = ExpertBanks(len(moe_layers), config.num_experts, config.hidden_size,
-                        config.moe_intermediate_size, dtype, stored or "dense", swiglu,
-                        config.quant_block)
-    targets = {}
-    for layer, i in enumerate(moe_layers):
-        targets.update(banks.weight_targets(layer, f"model.layers.{i}.mlp.experts."))
+
+    def banks_of(dtype: torch.dtype, layers: int) -> ExpertBanks:
+        return ExpertBanks(layers, config.num_experts, config.hidden_size,
+                           config.moe_intermediate_size, dtype, stored or "dense", swiglu,
+                           config.quant_block)
+
+    def targets_of(banks: ExpertBanks) -> dict:
+        targets = {}
+        for layer, i in enumerate(moe_layers):
+            p = f"model.layers.{i}.mlp.experts."
+            targets.update(banks.weight_targets(layer if banks.num_layers > 1 else 0, p))
+        return targets
+
+    one = banks_of(torch.float32, 1)  # the names only: a layer's worth of memory
+    bf16 = stored is None and all(plain.dtype(n) == "BF16" for n in targets_of(one)
+                                  if not n.endswith("_bias"))
+    banks = banks_of(torch.bfloat16 if bf16 else torch.float32, len(moe_layers))
+    targets = targets_of(banks)
     check_shapes(checkpoint, targets)
     say(f"reading {len(targets)} expert tensors of {len(moe_layers)} MoE layers from {src}")
     copy_weights(checkpoint, targets)
@@ -90,6 +102,7 @@ def convert(src: str | Path, dst: str | Path, say: Callable[[str], None] = lambd
             shutil.copy2(file, dst / file.name)
     manifest = PackedManifest(
         path=dst, version=VERSION, expert_format=banks.format, dtype=bank_dtype_name(banks),
+        stored_dtype=plain.dtype(first_expert_tensor(config)),
         moe_layers=moe_layers, num_experts=config.num_experts, hidden=config.hidden_size,
         intermediate=config.moe_intermediate_size,
         block=tuple(config.quant_block) if banks.format == "fp8" else None,

@@ -75,7 +75,10 @@ class PackedManifest:
         path: the checkpoint directory (not stored: where the manifest was read).
         version: :data:`VERSION` when written by this FreeToken.
         expert_format: the banks' format (:data:`EXPERT_FORMATS`).
-        dtype: dense banks' dtype (``bfloat16`` or ``float32``); ``None`` for the others.
+        dtype: dense banks' dtype (``bfloat16`` when every expert is stored in bf16, else
+            ``float32``); ``None`` for the others.
+        stored_dtype: the source's safetensors dtype of the first MoE layer's expert 0
+            (``BF16``, ``F8_E4M3``...): it picks the runtime's bank dtype, as for the source.
         moe_layers: decoder layer index of each MoE layer, in bank order (``l`` of ``l * E + e``).
         num_experts, hidden, intermediate: E, H, I.
         block: fp8's scale block ``(rows, cols)``, else None.
@@ -88,6 +91,7 @@ class PackedManifest:
     version: int
     expert_format: str
     dtype: str | None
+    stored_dtype: str
     moe_layers: tuple[int, ...]
     num_experts: int
     hidden: int
@@ -164,7 +168,7 @@ def _parse(path: Path, raw: dict) -> PackedManifest:
                   for b in raw["banks"])
     manifest = PackedManifest(
         path=path, version=int(raw["version"]), expert_format=str(raw["expert_format"]),
-        dtype=raw["dtype"], moe_layers=tuple(int(i) for i in raw["moe_layers"]),
+        dtype=raw["dtype"], stored_dtype=str(raw["stored_dtype"]), moe_layers=tuple(int(i) for i in raw["moe_layers"]),
         num_experts=int(raw["num_experts"]), hidden=int(raw["hidden"]),
         intermediate=int(raw["intermediate"]),
         block=None if raw["block"] is None else tuple(int(d) for d in raw["block"]),
