@@ -22,7 +22,7 @@ from freetoken.models.host_memory import (
     available_host_memory, check_host_memory, host_bytes_needed, routed_expert_bytes,
 )
 from freetoken.models.load_progress import LoadProgress
-from freetoken.models.loader import Checkpoint
+from freetoken.models.loader import Checkpoint, load_weights
 from freetoken.units import format_bytes
 from freetoken.models.qwen3_5_moe import Qwen3_5MoeForCausalLM
 from freetoken.models.qwen3_moe import Qwen3MoeForCausalLM
@@ -102,9 +102,12 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32,
                                     progress).eval()
     model = MODEL_CLASSES[arch](config, dtype=dtype, device=device)
     advise_huge_pages(model.parameters())  # before load_weights first writes them
-    from freetoken.packed.load import load_checkpoint
+    if checkpoint.packed is None:
+        load_weights(checkpoint, model.weight_targets(), progress)
+    else:
+        from freetoken.packed.load import load_checkpoint
 
-    load_checkpoint(checkpoint, model.weight_targets(), progress)
+        load_checkpoint(checkpoint, model.weight_targets(), progress)
     return model.eval()
 
 
