@@ -3,8 +3,8 @@
 The routed experts are read once into :class:`~freetoken.offload.banks.ExpertBanks` exactly as
 the runtime builds them (leading dim ``l * E + e``, gpt-oss's gate / up rows de-interleaved,
 MXFP4 / NVFP4 / FP8 experts as stored, other experts dense: bf16 when all are stored in bf16,
-else fp32, so a load in either compute dtype gets the values a safetensors load gets) and written as banks;
-the other tensors are copied as stored into safetensors, and every other top-level file (config,
+else fp32, so a load in either compute dtype gets the values a safetensors load gets) and
+written as banks; the other tensors are copied as stored into safetensors, and every other top-level file (config,
 tokenizer, chat template) beside them. The manifest is written last: an interrupted conversion
 is not taken for a packed checkpoint.
 """

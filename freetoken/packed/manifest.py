@@ -168,7 +168,8 @@ def _parse(path: Path, raw: dict) -> PackedManifest:
                   for b in raw["banks"])
     manifest = PackedManifest(
         path=path, version=int(raw["version"]), expert_format=str(raw["expert_format"]),
-        dtype=raw["dtype"], stored_dtype=str(raw["stored_dtype"]), moe_layers=tuple(int(i) for i in raw["moe_layers"]),
+        dtype=raw["dtype"], stored_dtype=str(raw["stored_dtype"]),
+        moe_layers=tuple(int(i) for i in raw["moe_layers"]),
         num_experts=int(raw["num_experts"]), hidden=int(raw["hidden"]),
         intermediate=int(raw["intermediate"]),
         block=None if raw["block"] is None else tuple(int(d) for d in raw["block"]),
