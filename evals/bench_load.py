@@ -9,7 +9,9 @@ For each checkpoint (the ``small`` qwen3_next preset, and a generated qwen3_moe 
    and from the packed form, each in a fresh process with the page cache dropped: seconds, GB/s
    and the ratio to the raw read of the same files; the packed banks alone (allocate the pool,
    fill it by the parallel chunk reader) as GB/s and ratio to the raw read of the bank file
-   (``packed_over_raw``);
+   (``packed_over_raw``), and again into banks whose pages were faulted in before the clock
+   started (``packed_banks_touched``: the I/O path alone; the first touch of a fresh pool
+   advised to transparent huge pages can cost more than reading it);
 3. peak RSS of each load process above its RSS before loading, against the weights it holds
    (the expert pool, plus the other weights for a whole model; safetensors' mmap of the files
    counts in its RSS).
@@ -80,7 +82,20 @@ def child(kind: str, path: Path) -> None:
 
     before = _status("VmRSS")
     started = time.perf_counter()
-    if kind == "model":
+    if kind == "touched":  # the I/O path alone: the pool's pages faulted in before the clock
+        from freetoken.packed.banks import bank_tensors, empty_banks, fill_banks
+        from freetoken.packed.manifest import read_manifest
+        from freetoken.packed.reader import ChunkReader
+
+        manifest = read_manifest(path)
+        banks = empty_banks(manifest, manifest.num_layers)
+        for tensor in bank_tensors(banks).values():
+            tensor.view(torch.uint8).fill_(0)
+        started = time.perf_counter()
+        with ChunkReader() as reader:
+            fill_banks(manifest, reader, banks, 0)
+        pool = weights = banks.nbytes
+    elif kind == "model":
         model = load_model(path, dtype=torch.bfloat16, moe=MoeConfig(backend="cpu"))
         pool = model.moe_runtime.banks.nbytes
         weights = pool + sum(p.nbytes for p in model.parameters())
@@ -126,13 +141,15 @@ def bench_checkpoint(label: str, src: Path, dst: Path, reps: int) -> dict:
                              ("packed", lambda: measure("model", dst, packed_files)),
                              ("raw_banks", lambda: raw_read([dst / "experts.ftw"])),
                              ("packed_banks", lambda: measure("banks", dst,
-                                                              [dst / "experts.ftw"]))):
+                                                              [dst / "experts.ftw"])),
+                             ("packed_banks_touched", lambda: measure("touched", dst,
+                                                                      [dst / "experts.ftw"]))):
             runs.setdefault(name, []).append(result())
     row = {"checkpoint": label, "pool_bytes": runs["packed_banks"][0]["pool_bytes"]}
     for raw in ("raw_safetensors", "raw_packed", "raw_banks"):
         row[f"{raw}_gbps"] = _median(runs[raw], "gbps")
     for name, raw in (("safetensors", "raw_safetensors"), ("packed", "raw_packed"),
-                      ("packed_banks", "raw_banks")):
+                      ("packed_banks", "raw_banks"), ("packed_banks_touched", "raw_banks")):
         seconds = _median(runs[name], "seconds")
         gbps = runs[raw][0]["bytes"] / seconds / 1e9
         row[f"{name}_load_s"] = round(seconds, 3)
@@ -146,9 +163,9 @@ def bench_checkpoint(label: str, src: Path, dst: Path, reps: int) -> dict:
 
 def _table(rows: list[dict]) -> None:
     keys = [k for k in rows[0] if k != "checkpoint"]
-    print(f"{'':34}" + "".join(f"{r['checkpoint']:>14}" for r in rows))
+    print(f"{'':44}" + "".join(f"{r['checkpoint']:>14}" for r in rows))
     for key in keys:
-        print(f"{key:34}" + "".join(f"{r[key]:>14}" for r in rows))
+        print(f"{key:44}" + "".join(f"{r[key]:>14}" for r in rows))
 
 
 def main(argv: list[str] | None = None) -> int:
