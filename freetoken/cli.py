@@ -1,4 +1,5 @@
-"""The ``freetoken`` command line: ``serve``, ``make-tiny``, ``ctl`` and ``launch``."""
+"""The ``freetoken`` command line: ``serve``, ``make-tiny``, ``convert``, ``ctl`` and
+``launch``."""
 
 from __future__ import annotations
 
@@ -173,6 +174,33 @@ def _add_make_tiny(sub: argparse._SubParsersAction) -> None:
     p.add_argument("out_dir", type=Path)
 
 
+def _add_convert(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("convert", help="write a packed checkpoint (experts as host banks) that "
+                                       "`serve --model DST` loads with parallel direct reads")
+    p.add_argument("src", type=Path, help="HF checkpoint directory (safetensors)")
+    p.add_argument("dst", type=Path, help="new or empty directory for the packed checkpoint")
+
+
+def _run_convert(args: argparse.Namespace) -> int:
+    from freetoken.packed.convert import convert
+
+    def say(message: str) -> None:
+        print(f"[freetoken] {message}", flush=True)
+
+    try:
+        manifest = convert(args.src, args.dst, say=say)
+    except (FileNotFoundError, ValueError) as exc:
+        say(f"error: {exc}")
+        return 2
+    except OSError as exc:
+        say(f"error: cannot write {args.dst}: {exc.strerror or exc}")
+        return 2
+    fmt = manifest.dtype if manifest.expert_format == "dense" else manifest.expert_format
+    say(f"wrote packed checkpoint {args.dst}: {manifest.num_layers} MoE layers x "
+        f"{manifest.num_experts} experts in {fmt}, {manifest.nbytes / 1e9:.2f} GB of banks")
+    return 0
+
+
 def _add_profile(sub: argparse._SubParsersAction) -> None:
     from freetoken.profile_cli import add_profile
 
@@ -238,6 +266,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         return parser
     _add_serve(sub)
     _add_make_tiny(sub)
+    _add_convert(sub)
     _add_ctl(sub)
     _add_profile(sub)
     _add_launch(sub)
@@ -258,6 +287,8 @@ def main(argv: list[str] | None = None) -> int:
         from freetoken.launch import serve
 
         return serve(args)
+    if args.command == "convert":
+        return _run_convert(args)
     if args.command == "profile":
         from freetoken.profile_cli import run_profile
 

@@ -358,6 +358,7 @@ def serve(args: argparse.Namespace) -> int:
 
     from freetoken.engine.async_engine import check_max_model_len
     from freetoken.models.config import ModelConfig
+    from freetoken.packed.manifest import is_packed, read_manifest
     from freetoken.server.config import ServerConfig
     from freetoken.server.loading import LoadingApp, LoadState, QuietLoadingPolls
 
@@ -385,6 +386,8 @@ def serve(args: argparse.Namespace) -> int:
     _say(f"loading {path} ({args.dtype}, {args.device})")
     try:  # the config alone: an unsupported model or context is refused before serving
         check_max_model_len(ModelConfig.from_file(path), path, args.max_model_len)
+        if is_packed(path):  # the manifest and the bank files' sizes (checksums: as read)
+            read_manifest(path)
     except (FileNotFoundError, ValueError) as exc:
         sock.close()
         _say(f"error: cannot load {path}: {exc}")

@@ -303,4 +303,22 @@ def checkpoint_weight_bytes(path: Path, compute_width: int) -> WeightBytes:
                 experts += nbytes
             else:
                 other += nbytes
-    return WeightBytes(experts=experts, other=other)
+    return WeightBytes(experts=experts + _packed_expert_bytes(Path(path), compute_width),
+                       other=other)
+
+
+def _packed_expert_bytes(path: Path, compute_width: int) -> int:
+    """Bytes of a packed checkpoint's expert banks (floating ones at ``compute_width``, as the
+    safetensors headers are counted), 0 for a plain checkpoint or an unreadable manifest (the
+    loader reports it properly)."""
+    from freetoken.packed.manifest import is_packed, read_manifest
+
+    if not is_packed(path):
+        return 0
+    try:
+        manifest = read_manifest(path)
+    except (OSError, ValueError):
+        return 0
+    width = {"bfloat16": 2, "float32": 4}
+    return sum(b.length // width[b.dtype] * compute_width if b.dtype in width else b.length
+               for b in manifest.banks)

@@ -32,6 +32,7 @@ from safetensors import safe_open
 
 from freetoken.models.load_progress import LoadProgress, LoadStep
 from freetoken.ops.cpu_moe.quant import dequantize_mxfp4, dequantize_nvfp4
+from freetoken.packed.manifest import is_packed, read_manifest
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -118,14 +119,18 @@ class Checkpoint:
 
     Attributes:
         path: the checkpoint directory.
+        packed: the :class:`~freetoken.packed.manifest.PackedManifest` of a packed checkpoint
+            (``freetoken convert``: the routed experts are in its bank file, not in ``files``),
+            else None.
         files: canonical tensor name -> safetensors file holding it.
         ignored: stored names that are not loaded (``mtp.*``, ``model.visual.*``, MTP layers).
 
     Raises (constructor):
         FileNotFoundError: neither ``model.safetensors`` nor the index exists, or the index names
-            a shard that is not there.
+            a shard that is not there; a packed checkpoint's bank file is missing.
         ValueError: the index is not valid JSON / has no ``weight_map``, or a tensor listed in
-            the index is absent from its shard.
+            the index is absent from its shard; a packed manifest that cannot be read (see
+            ``packed.manifest.read_manifest``).
     """
 
     def __init__(self, path: str | Path, fused_experts: bool = True,
@@ -136,6 +141,7 @@ class Checkpoint:
         self._mtp_from = mtp_from_layer
         self._oss, self._raw_mxfp4 = oss_experts, raw_mxfp4
         self._nvfp4, self._raw_experts = nvfp4, raw_experts
+        self.packed = read_manifest(self.path) if is_packed(self.path) else None
         index = self.path / INDEX_FILE
         single = self.path / SINGLE_FILE
         if index.is_file():
@@ -405,6 +411,17 @@ class Checkpoint:
             return count * 9 // 16
         return count * _DTYPE_BYTES.get(self._dtypes[name], 1)
 
+    def stored_files(self) -> dict[str, Path]:
+        """Every stored tensor name -> its file (ignored ones included)."""
+        return dict(self._stored_files)
+
+    def stored_names(self, name: str) -> set[str]:
+        """The stored tensors canonical tensor ``name`` is read from (its values and any
+        scales)."""
+        source = self._source[name]
+        names = {source.name, source.scale, source.mxfp4_scales, *(source.nvfp4 or ())}
+        return {n for n in names if n is not None}
+
     def fused(self, name: str) -> bool:
         """Whether canonical tensor ``name`` is a slice of a fused (stacked) stored tensor."""
         return self._source[name].index is not None
@@ -455,11 +472,7 @@ def check_weights(checkpoint: Checkpoint, targets: dict[str, WeightTarget]) -> N
             names the tensors (first 8) and the checkpoint directory.
     """
     stored = set(checkpoint.files)
-    missing = [n for n in targets if n not in stored]
-    if missing:
-        raise ValueError(
-            f"checkpoint {checkpoint.path} is missing {len(missing)} tensor(s): {_names(missing)}"
-        )
+    _check_missing(checkpoint, targets)
     unexpected = [n for n in stored if n not in targets]
     if unexpected:
         raise ValueError(
@@ -467,6 +480,24 @@ def check_weights(checkpoint: Checkpoint, targets: dict[str, WeightTarget]) -> N
             f"than {', '.join(p + '*' for p in IGNORED_PREFIXES)}): "
             f"{_names(unexpected)}"
         )
+    check_shapes(checkpoint, targets)
+
+
+def _check_missing(checkpoint: Checkpoint, targets: dict[str, WeightTarget]) -> None:
+    missing = [n for n in targets if n not in checkpoint.files]
+    if missing:
+        raise ValueError(
+            f"checkpoint {checkpoint.path} is missing {len(missing)} tensor(s): {_names(missing)}"
+        )
+
+
+def check_shapes(checkpoint: Checkpoint, targets: dict[str, WeightTarget]) -> None:
+    """Every target is in ``checkpoint`` with its shape (other stored tensors are not checked).
+
+    Raises:
+        ValueError: as :func:`check_weights`, for missing and mis-shaped tensors.
+    """
+    _check_missing(checkpoint, targets)
     for name, target in targets.items():
         expected = tuple(target.dest.shape)
         if checkpoint.shape(name) != expected:
@@ -492,6 +523,14 @@ def load_weights(checkpoint: Checkpoint, targets: dict[str, WeightTarget],
         ValueError: see :func:`check_weights` (checked before any data is read).
     """
     check_weights(checkpoint, targets)
+    copy_weights(checkpoint, targets, progress)
+
+
+@torch.no_grad()
+def copy_weights(checkpoint: Checkpoint, targets: dict[str, WeightTarget],
+                 progress: LoadProgress | None = None) -> None:
+    """:func:`load_weights` without its checks: copy the tensors ``targets`` names (each must
+    be in ``checkpoint``, shaped as its target: :func:`check_shapes`)."""
     wanted = {n: f for n, f in checkpoint.files.items() if n in targets}
     shards = Checkpoint.by_file(wanted)
     total = sum(checkpoint.nbytes(n) for n in wanted)

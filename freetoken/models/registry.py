@@ -44,7 +44,8 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32,
                device: str = "cpu", moe=None,
                bandwidths: tuple[float, float] | None = None,
                progress: LoadProgress | None = None) -> CausalLM:
-    """Load an HF checkpoint directory (``config.json`` + safetensors) as a FreeToken model.
+    """Load an HF checkpoint directory (``config.json`` + safetensors), or a packed one
+    (``freetoken convert``), as a FreeToken model.
 
     Args:
         path: checkpoint directory.
@@ -101,7 +102,12 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32,
                                     progress).eval()
     model = MODEL_CLASSES[arch](config, dtype=dtype, device=device)
     advise_huge_pages(model.parameters())  # before load_weights first writes them
-    load_weights(checkpoint, model.weight_targets(), progress)
+    if checkpoint.packed is None:
+        load_weights(checkpoint, model.weight_targets(), progress)
+    else:
+        from freetoken.packed.load import load_checkpoint
+
+        load_checkpoint(checkpoint, model.weight_targets(), progress)
     return model.eval()
 
 

@@ -35,6 +35,7 @@ from freetoken.huge_pages import advise_huge_pages
 from freetoken.models.loader import WeightTarget
 from freetoken.models.moe_forward import ClampedSwiGLU
 from freetoken.ops.cpu_moe.formats import ExpertBankView, build_banks, dequantize_bank
+from freetoken.packed.aligned import aligned_empty
 
 EXPERT_FORMATS = ("dense", "mxfp4", "q4g")
 
@@ -97,8 +98,8 @@ class ExpertBanks:
             self.view = _empty_view(fmt, n, hidden, intermediate, block)
             advise_huge_pages(self.view.gate_up + self.view.down)
             return
-        self.gate_up = torch.empty(n, 2 * intermediate, hidden, dtype=dtype)
-        self.down = torch.empty(n, hidden, intermediate, dtype=dtype)
+        self.gate_up = aligned_empty((n, 2 * intermediate, hidden), dtype)
+        self.down = aligned_empty((n, hidden, intermediate), dtype)
         advise_huge_pages((self.gate_up, self.down))  # the CPU expert kernel streams them
 
     @property
@@ -274,20 +275,21 @@ class ExpertBanks:
 
 def _empty_view(fmt: str, n: int, hidden: int, intermediate: int,
                 block: tuple[int, int] | None) -> ExpertBankView:
-    """Uninitialised banks of ``n`` experts as stored: ``mxfp4`` (codes, E8M0 scales),
+    """Uninitialised page-aligned banks of ``n`` experts as stored: ``mxfp4`` (codes, E8M0
+    scales),
     ``nvfp4`` (codes, e4m3 scales, fp32 row globals) or ``fp8`` (e4m3 values, fp32 scales per
     ``block``)."""
     def bank(rows: int, cols: int) -> tuple[torch.Tensor, ...]:
         if fmt == "mxfp4":
-            return (torch.empty(n, rows, cols // 32, 16, dtype=torch.uint8),
-                    torch.empty(n, rows, cols // 32, dtype=torch.uint8))
+            return (aligned_empty((n, rows, cols // 32, 16), torch.uint8),
+                    aligned_empty((n, rows, cols // 32), torch.uint8))
         if fmt == "fp8":
             grid = (-(-rows // block[0]), -(-cols // block[1]))
-            return (torch.empty(n, rows, cols, dtype=torch.float8_e4m3fn),
-                    torch.empty(n, *grid, dtype=torch.float32))
-        return (torch.empty(n, rows, cols // 2, dtype=torch.uint8),
-                torch.empty(n, rows, cols // 16, dtype=torch.float8_e4m3fn),
-                torch.empty(n, rows, dtype=torch.float32))
+            return (aligned_empty((n, rows, cols), torch.float8_e4m3fn),
+                    aligned_empty((n, *grid), torch.float32))
+        return (aligned_empty((n, rows, cols // 2), torch.uint8),
+                aligned_empty((n, rows, cols // 16), torch.float8_e4m3fn),
+                aligned_empty((n, rows), torch.float32))
 
     return ExpertBankView(fmt, bank(2 * intermediate, hidden), bank(hidden, intermediate),
                           n, hidden, intermediate,

@@ -15,7 +15,7 @@ from torch import nn
 
 from freetoken.models.config import ModelConfig
 from freetoken.models.decoder import DecoderLM
-from freetoken.models.loader import Checkpoint, WeightTarget, load_weights
+from freetoken.models.loader import Checkpoint, WeightTarget
 from freetoken.offload.backend import (
     CUDA_RESERVE_FRACTION,
     SPLIT_OF_BACKEND,
@@ -32,6 +32,7 @@ from freetoken.offload.runtime import OffloadRuntime
 from freetoken.offload.scores import make_scores
 from freetoken.offload.split import MissSplit
 from freetoken.offload.watcher import MemoryWatcher, free_memory_probe, total_memory
+from freetoken.packed.load import load_checkpoint
 from freetoken.units import format_bytes
 
 logger = logging.getLogger("freetoken.offload")
@@ -73,7 +74,9 @@ def model_bytes(model_cls: type[DecoderLM], config: ModelConfig, dtype: torch.dt
 def bank_dtype(checkpoint: Checkpoint, dtype: torch.dtype, first_expert: str) -> torch.dtype:
     """bf16 banks when computing in bf16 or when the experts are stored in bf16 (lossless);
     fp32 otherwise."""
-    if dtype == torch.bfloat16 or checkpoint.dtype(first_expert) == "BF16":
+    packed = checkpoint.packed
+    stored = packed.stored_dtype if packed is not None else checkpoint.dtype(first_expert)
+    if dtype == torch.bfloat16 or stored == "BF16":
         return torch.bfloat16
     return torch.float32
 
@@ -95,8 +98,12 @@ def first_expert_tensor(config: ModelConfig) -> str:
 def stored_expert_format(checkpoint: Checkpoint, config: ModelConfig) -> str | None:
     """``"mxfp4"`` (gpt-oss releases), ``"nvfp4"`` (ModelOpt) or ``"fp8"`` (the -FP8 releases'
     per-expert block-quantised experts) when the checkpoint stores its routed experts in a
-    format the host banks keep as is, else None (dequantised into dense banks)."""
+    format the host banks keep as is, else None (dequantised into dense banks). A packed
+    checkpoint's banks are in that format already."""
     first = first_expert_tensor(config)
+    if checkpoint.packed is not None:
+        fmt = checkpoint.packed.expert_format
+        return None if fmt == "dense" else fmt
     stored = checkpoint.dtype(first)
     if stored == "F8_E4M3":  # per-expert FP8 whose scale blocks do not straddle gate and up
         block = config.quant_block
@@ -187,7 +194,7 @@ def build_offloaded(model_cls: type[DecoderLM], config: ModelConfig, checkpoint:
         return stand_ins[-1]
 
     model = model_cls(config, dtype=dtype, device=device, experts_factory=factory)
-    load_weights(checkpoint, model.weight_targets(), progress)
+    load_checkpoint(checkpoint, model.weight_targets(), progress, banks=(banks,))
     if moe.expert_format != "dense" and banks.view is None:
         banks.quantize(moe.expert_format)
     if device.type == "cuda":

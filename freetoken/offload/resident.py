@@ -22,7 +22,7 @@ from freetoken.core import ResidentExperts
 from freetoken.huge_pages import advise_huge_pages
 from freetoken.models.config import ModelConfig
 from freetoken.models.decoder import DecoderLM
-from freetoken.models.loader import Checkpoint, WeightTarget, load_weights
+from freetoken.models.loader import Checkpoint, WeightTarget
 from freetoken.offload.backend import MoeConfig, resolve_cpu_activations
 from freetoken.offload.banks import ExpertBanks
 from freetoken.models.moe_forward import ClampedSwiGLU, grouped_swiglu
@@ -30,6 +30,7 @@ from freetoken.ops.cpu_moe.cpu import cpu_moe_banks
 from freetoken.ops.cpu_moe.dequant import dequantize_experts
 from freetoken.ops.linear import KERNEL_MAX_ROWS
 from freetoken.ops.moe_block import bank_kwargs
+from freetoken.packed.load import load_checkpoint
 from freetoken.units import format_bytes
 
 logger = logging.getLogger("freetoken.offload")
@@ -214,7 +215,7 @@ def build_resident_banks(model_cls: type[DecoderLM], config: ModelConfig,
         checkpoint = Checkpoint.for_config(checkpoint.path, config, raw_experts=True)
     model = model_cls(config, dtype=dtype, device="cpu", experts_factory=factory)
     advise_huge_pages(model.parameters())
-    load_weights(checkpoint, model.weight_targets(), progress)
+    load_checkpoint(checkpoint, model.weight_targets(), progress, banks=layers)
     if not stored:
         for banks in layers:
             banks.quantize(fmt)
