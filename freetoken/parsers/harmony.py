@@ -19,7 +19,8 @@ What each message becomes:
   known tool's top-level values typed as in the JSON form,
   :func:`freetoken.parsers.schema.coerce_json_argument`), emitted when the message ends. Content
   that is not a JSON object, or an empty name, makes it :class:`TextDelta` of the content, as
-  the other forms return a malformed call as text;
+  the other forms return a malformed call as text (a call cut off by the token limit,
+  ``finish(truncated=True)``, is dropped);
 * another recipient (a built-in tool such as ``python``), or any call when ``parse_tools`` is
   False: :class:`ReasoningDelta` of the content (never an answer, never a reported call);
 * ``analysis``, or a channel the format does not define: :class:`ReasoningDelta`;
@@ -230,7 +231,7 @@ class HarmonyParser(StreamParser):
             if self._kind == _CALL:  # a call is emitted whole, when its message ends
                 if final:
                     k = _partial_len(buf, FORMAT_TOKENS)
-                    self._end_call(buf[:-k] if k >= 2 else buf, out)
+                    self._end_call(buf[:-k] if k >= 2 else buf, out, cut=self._truncated)
                     self._buf = ""
                 else:
                     self._scan = max(self._scan, len(buf) - _MAX_TOKEN + 1)
@@ -274,14 +275,19 @@ class HarmonyParser(StreamParser):
             return
         out.append(TextDelta(text) if self._kind == _TEXT else ReasoningDelta(text))
 
-    def _end_call(self, body: str, out: list[ParserEvent]) -> None:
-        """The call message ended: its event (or its body as text when malformed)."""
+    def _end_call(self, body: str, out: list[ParserEvent], cut: bool = False) -> None:
+        """The call message ended: its event (or its body as text when malformed; nothing when
+        ``cut`` by the token limit)."""
         while _TOKEN_RE.search(body):  # stray <|message|> / <|constrain|> inside it
             body = _TOKEN_RE.sub("", body)
+        if cut and not body.strip():  # cut before its arguments began: nothing to report
+            self._kind = _TEXT
+            return
         args = {} if not body.strip() else _decode_object(body.strip())
         if args is None or not self._name:
             self._kind = _TEXT
-            self._emit(body, out)
+            if not cut:
+                self._emit(body, out)
             return
         props = self._schemas.get(self._name)
         if props:

@@ -25,7 +25,8 @@ tags; a lone surrogate escape (``"\\ud83d"``) in a call's JSON becomes U+FFFD; s
 ``</think>`` and ``</tool_call>`` tags are dropped. With ``parse_tools=False`` tool
 markup is ordinary text. At :meth:`OutputParser.finish`, a cut-off tag prefix of two characters
 or more at the very end (``"</"``, ``"<tool_"``) is dropped; a call that is complete except for
-its closing tags is still parsed.
+its closing tags is still parsed, and one cut off earlier by the token limit
+(``finish(truncated=True)``) is dropped.
 
 The engine is expected to stop on ``<|im_end|>`` / ``<|endoftext|>`` (GLM: ``<|user|>`` /
 ``<|observation|>`` / ``<|endoftext|>``) and not feed them.
@@ -180,7 +181,7 @@ class OutputParser(StreamParser):
             out.append(ToolCallEvent(self._calls, scrub_surrogates(call.name), arguments))
             self._calls += 1
             self._strip_nl = True
-        else:
+        elif not (final and self._truncated):  # a call cut off by the token limit: dropped
             out.append(TextDelta(self._held_nl + self._opener + raw))
         self._held_nl, self._opener, self._scanner, self._mode = "", "", None, _TEXT
         return True

@@ -16,6 +16,7 @@ class StreamParser:
         self._buf = ""
         self._calls = 0
         self._finished = False
+        self._truncated = False
 
     def feed(self, text: str) -> list[ParserEvent]:
         """Add generated text; returns the events that are now certain.
@@ -31,15 +32,20 @@ class StreamParser:
         self._buf += text
         return self._drain(final=False)
 
-    def finish(self) -> list[ParserEvent]:
+    def finish(self, truncated: bool = False) -> list[ParserEvent]:
         """End of output: flush held text, settle an unterminated call, think block or message.
+
+        Args:
+            truncated: the output was cut by the token limit: a tool call it left unfinished is
+                dropped (a cut-off call is neither a call nor answer text), where a call that
+                ended malformed is returned as text.
 
         Raises:
             RuntimeError: called twice.
         """
         if self._finished:
             raise RuntimeError(f"{type(self).__name__}.finish() called twice")
-        self._finished = True
+        self._finished, self._truncated = True, truncated
         return self._drain(final=True)
 
     @property

@@ -185,7 +185,7 @@ async def chat_events(
             last = out
     finally:
         await close_quietly(outputs)
-    for event in parser.finish():
-        yield event
     assert last is not None
+    for event in parser.finish(truncated=last.finish_reason == "length"):
+        yield event
     yield finish_of(last)

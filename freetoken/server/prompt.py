@@ -44,8 +44,9 @@ class OutputParserLike(Protocol):
         """Events made certain by the new ``text``."""
         ...
 
-    def finish(self) -> Iterable[ParserEvent]:
-        """Events left at the end of output."""
+    def finish(self, truncated: bool = False) -> Iterable[ParserEvent]:
+        """Events left at the end of output (``truncated``: cut by the token limit, so an
+        unfinished tool call is dropped)."""
         ...
 
 

@@ -252,3 +252,13 @@ def test_random_fragment_soup_never_raises_or_leaks():
     for _ in range(300):
         text = "".join(rng.choice(FRAGMENTS) for _ in range(rng.randint(0, 14)))
         parse(text)
+
+
+@pytest.mark.parametrize("body", ['{"command": "ls', '{"comm', ""])
+def test_a_call_cut_off_by_the_token_limit_is_dropped(body):
+    head = "<|channel|>final<|message|>ok<|end|><|start|>assistant"
+    done = '<|channel|>commentary to=functions.bash <|constrain|>json<|message|>{"command": "a"}'
+    parser = HarmonyParser(TOOLS, in_reasoning=False)
+    events = coalesce(parser.feed(head + done + "<|call|>" + CALL_HEAD + body)
+                      + parser.finish(truncated=True))
+    assert events == [TextDelta("ok"), call(0, "bash", {"command": "a"})]

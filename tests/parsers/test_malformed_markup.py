@@ -8,6 +8,7 @@ from freetoken.parsers import OutputParser
 from freetoken.parsers import ReasoningDelta as R
 from freetoken.parsers import TextDelta as T
 from freetoken.parsers import ToolCallEvent as Call
+from freetoken.parsers.events import coalesce
 
 GOOD = '<tool_call>\n{"name": "ok", "arguments": {}}\n</tool_call>'
 
@@ -92,3 +93,20 @@ def test_reasoning_then_malformed_call(parse):
         R("r"),
         T("<tool_call>{oops}</tool_call>"),
     ]
+
+
+@pytest.mark.parametrize("text", [
+    '<tool_call>\n{"name": "a", "arguments": {"k": "unterminated',
+    '<tool_call>\n{"name": "a", "argu',
+    "<tool_call>\n<function=f>\n<parameter=a>\nvalue never closed",
+    "<tool_call>",
+])
+def test_calls_cut_off_by_the_token_limit_are_dropped(text):
+    """A call the token limit cut is neither a call nor answer text (the finish reason says
+    length); the text before it and complete calls stay."""
+    done = '<tool_call>\n{"name": "a", "arguments": {"k": 1}}\n</tool_call>\n'
+    parser = OutputParser(None, in_reasoning=False)
+    events = coalesce(parser.feed("Hi\n" + done + text) + parser.finish(truncated=True))
+    assert events == [T("Hi"), Call(0, "a", '{"k": 1}')]
+    parser = OutputParser(None, in_reasoning=False)  # ended otherwise: the malformed call is text
+    assert coalesce(parser.feed("Hi\n" + text) + parser.finish()) == [T("Hi\n" + text)]

@@ -289,7 +289,7 @@ class TagParserStandIn:
         self.buf += text
         return self._drain(final=False)
 
-    def finish(self) -> list:
+    def finish(self, truncated: bool = False) -> list:
         return self._drain(final=True)
 
     def _emit(self, text: str, out: list) -> None:

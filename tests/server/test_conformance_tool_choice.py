@@ -139,7 +139,7 @@ def test_openai_forced_call_cut_by_max_tokens_is_length_without_calls(tiny):
     choice = tiny.chat(tool_choice="required", max_tokens=12, temperature=0, **NO_THINKING)
     choice = choice["choices"][0]
     assert choice["finish_reason"] == "length" and "tool_calls" not in choice["message"]
-    assert choice["message"]["content"].startswith('<tool_call>\n{"name": "')
+    assert choice["message"]["content"] == ""  # the cut-off call's markup is not answer text
 
 
 def test_openai_required_lets_an_open_think_block_run_first(tiny):
@@ -181,7 +181,7 @@ def test_anthropic_tool_stream_yields_that_tool(tiny):
 def test_anthropic_forced_tool_cut_by_max_tokens_is_max_tokens_without_tool_use(tiny):
     body = tiny.messages(tool_choice={"type": "any"}, max_tokens=10, temperature=0)
     assert body["stop_reason"] == "max_tokens"
-    assert [b["type"] for b in body["content"]] == ["text"]
+    assert body["content"] == []  # the cut-off call is neither a tool_use nor text
 
 
 def test_anthropic_none_makes_no_tool_use_on_the_tiny_model(tiny):
