@@ -175,8 +175,9 @@ def _add_make_tiny(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_convert(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("convert", help="write a packed checkpoint (experts as host banks) that "
-                                       "`serve --model DST` loads with parallel direct reads")
+    what = ("write a packed checkpoint (experts as host banks) that `serve --model DST` loads "
+            "with parallel direct reads")
+    p = sub.add_parser("convert", help=what, description=what.capitalize() + ".")
     p.add_argument("src", type=Path, help="HF checkpoint directory (safetensors)")
     p.add_argument("dst", type=Path, help="new or empty directory for the packed checkpoint")
 
@@ -195,6 +196,12 @@ def _run_convert(args: argparse.Namespace) -> int:
     except OSError as exc:
         say(f"error: cannot write {args.dst}: {exc.strerror or exc}")
         return 2
+    except Exception as exc:  # noqa: BLE001 - e.g. safetensors' own error on a full disk
+        say(f"error: cannot write {args.dst}: {exc}")
+        return 2
+    except KeyboardInterrupt:
+        say(f"interrupted: nothing was left in {args.dst}")
+        return 130
     fmt = manifest.dtype if manifest.expert_format == "dense" else manifest.expert_format
     say(f"wrote packed checkpoint {args.dst}: {manifest.num_layers} MoE layers x "
         f"{manifest.num_experts} experts in {fmt}, {manifest.nbytes / 1e9:.2f} GB of banks")

@@ -46,15 +46,22 @@ def convert(src: str | Path, dst: str | Path, say: Callable[[str], None] = lambd
 
     Holds the routed experts once in memory (as the runtime's banks) while writing them.
 
+    Nothing is left in ``dst`` when writing fails or is interrupted (the directory is removed
+    when this call created it, else emptied again), so the same command can be run again.
+
     Raises:
-        FileNotFoundError: ``src`` is not a checkpoint (see ``Checkpoint``).
+        FileNotFoundError: ``src`` does not exist or is not a checkpoint (see ``Checkpoint``).
         ValueError: ``src`` is packed already, has no MoE layer, or the loader refuses it;
-            ``dst`` exists and is not an empty directory.
-        OSError: ``dst`` cannot be written.
+            ``dst`` is a file, or a directory that is not empty, or inside ``src``.
+        OSError: ``dst`` cannot be written (disk full, permissions).
     """
     from freetoken.models.registry import with_modelopt_config
 
     src, dst = Path(src), Path(dst)
+    if not src.exists():
+        raise FileNotFoundError(f"{src} does not exist")
+    if not src.is_dir():
+        raise FileNotFoundError(f"{src} is not a directory: give the checkpoint's directory")
     if not (src / "config.json").is_file():
         raise FileNotFoundError(f"{src} is not a checkpoint directory (no config.json)")
     raw = json.loads((src / "config.json").read_text(encoding="utf-8"))
@@ -62,8 +69,12 @@ def convert(src: str | Path, dst: str | Path, say: Callable[[str], None] = lambd
     plain = Checkpoint.for_config(src, config)
     if plain.packed is not None:
         raise ValueError(f"{src} is a packed checkpoint already")
-    if dst.exists() and (not dst.is_dir() or any(dst.iterdir())):
+    if dst.exists() and not dst.is_dir():
+        raise ValueError(f"{dst} is a file: give a new or empty directory")
+    if dst.exists() and any(dst.iterdir()):
         raise ValueError(f"{dst} exists and is not an empty directory")
+    if dst.resolve().is_relative_to(src.resolve()):
+        raise ValueError(f"{dst} is inside {src}: write the packed checkpoint elsewhere")
     stored = stored_expert_format(plain, config)
     checkpoint = Checkpoint.for_config(src, config, raw_experts=stored is not None)
     moe_layers = tuple(i for i in range(config.num_hidden_layers) if config.is_moe_layer(i))
@@ -91,7 +102,28 @@ def convert(src: str | Path, dst: str | Path, say: Callable[[str], None] = lambd
     check_shapes(checkpoint, targets)
     say(f"reading {len(targets)} expert tensors of {len(moe_layers)} MoE layers from {src}")
     copy_weights(checkpoint, targets)
+    created = not dst.exists()
     dst.mkdir(parents=True, exist_ok=True)
+    try:
+        return _write(src, dst, checkpoint, targets, banks, plain, config, moe_layers,
+                      chunk_bytes, say)
+    except BaseException:  # disk full, Ctrl-C: leave nothing half-written behind
+        if created:
+            shutil.rmtree(dst, ignore_errors=True)
+        else:
+            for entry in dst.iterdir():
+                if entry.is_dir():
+                    shutil.rmtree(entry, ignore_errors=True)
+                else:
+                    entry.unlink()
+        raise
+
+
+def _write(src: Path, dst: Path, checkpoint: Checkpoint, targets: dict, banks: ExpertBanks,
+           plain: Checkpoint, config: ModelConfig, moe_layers: tuple[int, ...], chunk_bytes: int,
+           say: Callable[[str], None]) -> PackedManifest:
+    """The files of the packed checkpoint in ``dst``: banks, other weights, the source's side
+    files, then the manifest."""
     expert_names = set().union(*(checkpoint.stored_names(n) for n in targets))
     packed = _write_banks(banks, dst, chunk_bytes)
     say(f"wrote {len(packed)} banks ({sum(b.length for b in packed) / 1e9:.2f} GB) to "

@@ -11,6 +11,7 @@ never straddle two layers (a layer's rows are whole chunks), each with a CRC-32.
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -22,7 +23,8 @@ VERSION = 1
 ALIGN = 4096  # every bank starts at a multiple of this in its file
 CHUNK_BYTES = 16 * 2**20
 EXPERT_FORMATS = ("dense", "mxfp4", "nvfp4", "fp8")
-DTYPES = ("bfloat16", "float32", "uint8", "float8_e4m3fn")
+ITEMSIZE = {"bfloat16": 2, "float32": 4, "uint8": 1, "float8_e4m3fn": 1}  # bytes per element
+DTYPES = tuple(ITEMSIZE)
 
 
 @dataclass(frozen=True)
@@ -181,6 +183,10 @@ def _parse(path: Path, raw: dict) -> PackedManifest:
     for b in banks:
         if b.dtype not in DTYPES or b.offset % ALIGN or b.length % manifest.num_layers:
             raise ValueError(f"bank {b.name!r}: dtype, offset or length")
+        itemsize = ITEMSIZE[b.dtype]
+        if math.prod(b.shape) * itemsize != b.length:
+            raise ValueError(f"bank {b.name!r}: shape {list(b.shape)} of {b.dtype} is "
+                             f"{math.prod(b.shape) * itemsize} bytes, length says {b.length}")
         chunks = -(-b.layer_bytes(manifest.num_layers) // manifest.chunk_bytes)
         if len(b.crc32) != chunks * manifest.num_layers:
             raise ValueError(f"bank {b.name!r}: {len(b.crc32)} checksums")

@@ -140,3 +140,52 @@ def test_the_memory_plan_counts_packed_banks_as_experts(packed_pair) -> None:
     src, dst = packed_pair("qwen3_moe-bf16")
     for width in (2, 4):
         assert checkpoint_weight_bytes(dst, width) == checkpoint_weight_bytes(src, width)
+
+
+def test_convert_names_what_is_wrong_with_its_paths(packed_pair, tmp_path, capsys) -> None:
+    src, _ = packed_pair("qwen3_moe-bf16")
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    for args, message in [
+        ((tmp_path / "nowhere", tmp_path / "o1"), f"{tmp_path / 'nowhere'} does not exist"),
+        ((src / "config.json", tmp_path / "o2"),
+         f"{src / 'config.json'} is not a directory: give the checkpoint's directory"),
+        ((src, afile), f"{afile} is a file: give a new or empty directory"),
+        ((src, src / "packed"), f"{src / 'packed'} is inside {src}: write the packed checkpoint "
+                                "elsewhere"),
+    ]:
+        assert main(["convert", *map(str, args)]) == 2
+        assert capsys.readouterr().out == f"[freetoken] error: {message}\n"
+    assert not (src / "packed").exists()
+
+
+@pytest.mark.parametrize("failure", [OSError(errno.ENOSPC, "No space left on device"),
+                                     KeyboardInterrupt()])
+@pytest.mark.parametrize("existing", [False, True])
+def test_a_failed_or_interrupted_convert_leaves_nothing_behind(
+        packed_pair, tmp_path, monkeypatch, capsys, failure, existing) -> None:
+    """Writing stops after the banks (the disk fills, or Ctrl-C): the destination is removed (or
+    emptied, when it was an empty directory already), so the same command runs again."""
+    from freetoken.packed import convert as convert_module
+
+    src, _ = packed_pair("qwen3_moe-bf16")
+    dst = tmp_path / "out"
+    if existing:
+        dst.mkdir()
+
+    def fail(*_args) -> None:
+        assert (dst / "experts.ftw").stat().st_size > 0  # the banks were written first
+        raise failure
+
+    monkeypatch.setattr(convert_module, "_write_other", fail)
+    code = main(["convert", str(src), str(dst)])
+    out = capsys.readouterr().out
+    if isinstance(failure, KeyboardInterrupt):
+        assert (code, out.splitlines()[-1]) == (
+            130, f"[freetoken] interrupted: nothing was left in {dst}")
+    else:
+        assert (code, out.splitlines()[-1]) == (
+            2, f"[freetoken] error: cannot write {dst}: No space left on device")
+    assert (dst.exists(), list(dst.iterdir()) if existing else []) == (existing, [])
+    monkeypatch.undo()
+    assert main(["convert", str(src), str(dst)]) == 0  # the same command, again

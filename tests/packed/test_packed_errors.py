@@ -135,3 +135,21 @@ def test_serve_exits_2_on_a_checksum_mismatch_found_while_loading(packed_copy, t
         f"chunk at byte offset 2097152 (2097152 bytes): crc32 {crc:08x}, manifest says "
         f"{stored:08x}; the file is corrupt, convert the checkpoint again"]
     assert not any("Traceback" in line for line in lines)
+
+
+def test_a_bank_shape_that_does_not_match_its_length_is_refused(packed_copy) -> None:
+    dst = packed_copy(VARIANT)
+    file = dst / "freetoken-packed.json"
+    raw = json.loads(file.read_text())
+    bank = raw["banks"][1]
+    length, bank["shape"] = bank["length"], [bank["shape"][0], 7, *bank["shape"][2:]]
+    file.write_text(json.dumps(raw))
+    with pytest.raises(ValueError) as err:
+        load_model(dst)
+    size = 1
+    for d in bank["shape"]:
+        size *= d
+    size *= {"bfloat16": 2, "float32": 4, "uint8": 1, "float8_e4m3fn": 1}[bank["dtype"]]
+    assert str(err.value) == (
+        f"{file}: malformed manifest (ValueError(\"bank {bank['name']!r}: shape {bank['shape']} "
+        f"of {bank['dtype']} is {size} bytes, length says {length}\"))")
