@@ -31,6 +31,7 @@ ENDPOINTS = (
     ("POST", "/v1/responses", "OpenAI responses"),
     ("GET", "/v1/responses/{id}", "a stored response"),
     ("DELETE", "/v1/responses/{id}", "forget a stored response"),
+    ("GET", "/v1/responses/{id}/input_items", "a stored response's input items"),
     ("POST", "/v1/messages", "Anthropic messages"),
     ("POST", "/v1/messages/count_tokens", "Anthropic token count"),
     ("GET", "/health", "health check"),

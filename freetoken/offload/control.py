@@ -170,8 +170,11 @@ def parse_bytes(text: str, require_unit: bool = False) -> int:
     if float(match.group(1)) == 0:  # whatever the unit: suggesting one would not help
         raise ValueError(f"invalid size {text!r}: must be at least 1 byte")
     if require_unit and not unit:
-        raise ValueError(f"invalid size {text!r}: give a unit, e.g. {text.strip()}MiB or "
-                         f"{text.strip()}B (a bare number is ambiguous)")
+        number, bare = float(match.group(1)), text.strip()
+        hints = [f"{bare}{u}" for u, scale in (("MiB", 2**20), ("B", 1))
+                 if 1 <= number * scale <= MAX_BYTES]  # only sizes that would be accepted
+        raise ValueError(f"invalid size {text!r}: give a unit, e.g. " + (
+            " or ".join(hints) if hints else "MiB or GiB") + " (a bare number is ambiguous)")
     value = float(match.group(1)) * _UNITS[unit]
     if value > MAX_BYTES:
         raise ValueError(f"invalid size {text!r}: larger than {MAX_BYTES} bytes")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 MIN_THINKING_BUDGET = 1024
@@ -57,6 +57,12 @@ class ThinkingConfig(_Lenient):
 
     type: Literal["enabled", "adaptive", "disabled"]
     budget_tokens: int | None = Field(default=None, ge=MIN_THINKING_BUDGET)
+
+    @model_validator(mode="after")
+    def _enabled_needs_a_budget(self) -> "ThinkingConfig":
+        if self.type == "enabled" and self.budget_tokens is None:
+            raise ValueError("budget_tokens is required when thinking is enabled")
+        return self
 
 
 class CountTokensRequest(_Lenient):

@@ -145,6 +145,8 @@ def from_validation_error(exc: ValidationError, prefix: str = "") -> APIError:
     message = first["msg"]
     if first["type"] == "missing":
         message = "Field required"
+    elif first["type"] == "value_error" and "error" in first.get("ctx", {}):
+        message = str(first["ctx"]["error"])  # a validator's own words, without "Value error, "
     return APIError(400, f"{path}: {message}" if path else message, param=path or None)
 
 

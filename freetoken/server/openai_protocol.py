@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt
 
 
 ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
@@ -107,7 +107,7 @@ class _SamplingFields(_Lenient):
     stop: str | list[str] | None = None
     ignore_eos: bool = False
     n: int | None = Field(default=None, ge=1)
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[str, StrictInt | StrictFloat] | None = None  # a boolean is not a bias
 
 
 class ChatCompletionRequest(_SamplingFields):

@@ -35,7 +35,8 @@ def parse_logit_bias(
             id outside ``[0, vocab_size)``, or a bias outside [-100, 100] (or not finite).
     """
     pairs = []
-    for key, bias in (raw or {}).items():
+    for key, value in (raw or {}).items():
+        bias = float(value)
         if not key.isascii() or not key.isdigit():
             raise bad_request(
                 f"Invalid key in 'logit_bias': {key}. You should only be submitting non-negative "

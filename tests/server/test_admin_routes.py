@@ -81,6 +81,11 @@ BAD_BODIES = [
     (b'{"expert_cache": 0}', "expert_cache: must be at least 1 byte, got 0", "expert_cache"),
     (b'{"expert_cache": -4096}', "expert_cache: must be at least 1 byte, got -4096",
      "expert_cache"),
+    # the hint suggests only sizes that would be accepted
+    (b'{"expert_cache": "0.5"}', "expert_cache: invalid size '0.5': give a unit, e.g. 0.5MiB "
+     "(a bare number is ambiguous)", "expert_cache"),
+    (b'{"expert_cache": "' + b"9" * 30 + b'"}', "expert_cache: invalid size '" + "9" * 30
+     + "': give a unit, e.g. MiB or GiB (a bare number is ambiguous)", "expert_cache"),
     # zero is refused as zero, not told to add a unit that would not help
     (b'{"expert_cache": "0"}', "expert_cache: invalid size '0': must be at least 1 byte",
      "expert_cache"),

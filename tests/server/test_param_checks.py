@@ -42,6 +42,8 @@ CASES = [
     ("ant-no-max-tokens", MSGS, {"messages": USER}, ant("max_tokens: Field required")),
     ("ant-budget-low", MSGS, {**ANT, "thinking": {"type": "enabled", "budget_tokens": 1023}},
      ant("thinking.budget_tokens: Input should be greater than or equal to 1024")),
+    ("ant-enabled-without-budget", MSGS, {**ANT, "thinking": {"type": "enabled"}},
+     ant("thinking: budget_tokens is required when thinking is enabled")),
     ("ant-budget-equals-max-tokens", MSGS,
      {**ANT, "max_tokens": 1024, "thinking": {"type": "enabled", "budget_tokens": 1024}},
      ant(BUDGET_ABOVE_MAX)),
@@ -52,6 +54,8 @@ CASES = [
      ant("temperature: Input should be less than or equal to 1")),
     ("ant-temperature-negative", MSGS, {**ANT, "temperature": -0.1},
      ant("temperature: Input should be greater than or equal to 0")),
+    ("chat-logit-bias-boolean", CHAT, {"messages": USER, "logit_bias": {"5": True}},
+     oai("logit_bias.5: Input should be a valid integer", "logit_bias.5")),
     ("chat-logit-bias-key", CHAT, {"messages": USER, "logit_bias": {"abc": 1}},
      oai("Invalid key in 'logit_bias': abc. You should only be submitting non-negative "
          "integers.", "logit_bias")),
