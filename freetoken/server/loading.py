@@ -19,8 +19,7 @@ from dataclasses import dataclass
 
 from starlette.applications import Starlette
 from starlette.responses import JSONResponse, RedirectResponse, Response
-from starlette.routing import Mount, Route
-from starlette.staticfiles import StaticFiles
+from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from freetoken.models.load_progress import LoadStep
@@ -28,7 +27,7 @@ from freetoken.server.config import ServerConfig
 from freetoken.server.errors import APIError, api_for_path, error_response
 from freetoken.server.metrics import CONTENT_TYPE, render_loading_metrics
 from freetoken.server.middleware import ErrorNetMiddleware, GuardMiddleware
-from freetoken.server.ui_routes import UI_DIR
+from freetoken.server.ui_routes import mount_ui
 
 # Seconds a client is told to wait before retrying a request refused while the model loads.
 RETRY_AFTER_S = 5
@@ -198,8 +197,8 @@ class LoadingApp:
         self._start = start
 
         # the operator page is static: it loads and shows the progress while the model loads
-        ui = Starlette(routes=[Route("/ui", lambda _request: RedirectResponse("/ui/")),
-                               Mount("/ui", StaticFiles(directory=UI_DIR, html=True))])
+        ui = Starlette(routes=[Route("/ui", lambda _request: RedirectResponse("/ui/"))])
+        mount_ui(ui)
 
         async def loading(scope: Scope, receive: Receive, send: Send) -> None:
             path = scope.get("path", "")

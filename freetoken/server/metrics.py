@@ -65,12 +65,16 @@ def family(name: str, kind: str, help_text: str, samples: Iterable[Sample]) -> l
     return [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", *rows]
 
 
+def _healthy_lines(healthy: bool) -> list[str]:
+    return family("freetoken_engine_healthy", "gauge", "1 while the engine loop is alive.",
+                  [({}, healthy)])
+
+
 def _engine_lines(counters: EngineCounters, healthy: bool) -> list[str]:
     reasons = [*FINISH_REASONS, *(r for r in counters.finished if r not in FINISH_REASONS)]
     finished = [({"reason": r}, counters.finished.get(r, 0)) for r in reasons]
     return [
-        *family("freetoken_engine_healthy", "gauge", "1 while the engine loop is alive.",
-                [({}, healthy)]),
+        *_healthy_lines(healthy),
         *family("freetoken_requests_added_total", "counter", "Requests accepted by the engine.",
                 [({}, counters.requests_added)]),
         *family("freetoken_requests_finished_total", "counter",
@@ -218,8 +222,7 @@ def render_loading_metrics(stage: str, fraction: float | None, elapsed_s: float)
     ``freetoken_engine_healthy`` 0, ``freetoken_loading`` 1, the stage as a label, the share
     of checkpoint bytes read (omitted while unknown) and the seconds since the load started."""
     lines = [
-        *family("freetoken_engine_healthy", "gauge", "1 while the engine loop is alive.",
-                [({}, False)]),
+        *_healthy_lines(False),
         *family("freetoken_loading", "gauge", "1 while the model loads (per stage).",
                 [({"stage": stage}, True)]),
         *family("freetoken_loading_seconds", "gauge", "Seconds since the model load started.",

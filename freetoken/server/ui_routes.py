@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fastapi import APIRouter, FastAPI
+from fastapi import APIRouter
+from starlette.applications import Starlette
 from starlette.responses import RedirectResponse, Response
 from starlette.staticfiles import StaticFiles
 
@@ -42,6 +43,6 @@ def status_router(ctx: ServerContext) -> APIRouter:
     return router
 
 
-def mount_ui(app: FastAPI) -> None:
+def mount_ui(app: Starlette) -> None:
     """Serve ``UI_DIR`` at ``/ui/`` (``index.html`` for the folder itself)."""
     app.mount("/ui", StaticFiles(directory=UI_DIR, html=True), name="ui")
