@@ -1,9 +1,10 @@
 """Engine benchmark: FreeToken's server against llama.cpp's llama-server on identical weights.
 
 Both engines serve the same checkpoint (FreeToken the safetensors with **default flags**,
-llama.cpp a GGUF written by ``evals/peers/convert_gguf.py`` in the checkpoint's own dtype) one
-after the other on 127.0.0.1, and each gets the same streamed ``/v1/completions`` requests
-(greedy, ``ignore_eos``). Per prompt length it reports, for each engine:
+llama.cpp a GGUF written by ``evals/peers/convert_gguf.py`` in the checkpoint's own dtype), both
+up at once on 127.0.0.1, and each gets the same streamed ``/v1/completions`` requests (greedy,
+``ignore_eos``), one request at a time, the two servers taking turns (the order alternating), so
+the machine's speed drifting over minutes does not bias the ratios. Per prompt length it reports, for each engine:
 
 * decode ms/token: (last token's arrival - first token's arrival) / (tokens - 1) of a
   ``--tokens``-token completion, the median over ``--repeats`` runs;
@@ -148,27 +149,41 @@ def concurrent_decode(url: str, prompts: list[list[int]], tokens: int) -> float:
     return inside / (end - start)
 
 
-def measure(url: str, args: argparse.Namespace, vocab: int) -> dict:
-    """Per prompt length the median decode ms/token and prefill tok/s over ``args.repeats``
-    runs; per concurrency the median aggregate decode tok/s (:func:`concurrent_decode`)."""
+def measure(urls: dict[str, str], args: argparse.Namespace, vocab: int) -> dict[str, dict]:
+    """Per server (name -> base URL): per prompt length the median decode ms/token and prefill
+    tok/s over ``args.repeats`` runs, per concurrency the median aggregate decode tok/s
+    (:func:`concurrent_decode`). The servers take turns on the same prompts, the order rotating
+    from one repeat to the next, so the machine's drift over minutes weighs on all alike."""
     rng = random.Random(args.seed)
-    _stream(url, [rng.randrange(vocab) for _ in range(8)], 4)  # warm-up
-    out: dict = {"prompts": {}, "concurrency": {}}
+    names = list(urls)
+    out = {name: {"prompts": {}, "concurrency": {}} for name in names}
+    for name in names:
+        _stream(urls[name], [rng.randrange(vocab) for _ in range(8)], 4)  # warm-up
+
+    def turns(i: int) -> list[str]:
+        return names[i % len(names):] + names[:i % len(names)]
+
     for n in args.prompts:
-        decode, prefill = [], []
-        for _ in range(args.repeats):
+        decode: dict[str, list[float]] = {name: [] for name in names}
+        prefill: dict[str, list[float]] = {name: [] for name in names}
+        for i in range(args.repeats):
             prompt = [rng.randrange(vocab) for _ in range(n)]
-            ttft, span, count = _stream(url, prompt, args.tokens)
-            decode.append(1e3 * span / max(count - 1, 1))
-            prefill.append(n / ttft)
-        out["prompts"][n] = {"decode_ms": statistics.median(decode),
-                             "prefill_tok_s": statistics.median(prefill)}
+            for name in turns(i):
+                ttft, span, count = _stream(urls[name], prompt, args.tokens)
+                decode[name].append(1e3 * span / max(count - 1, 1))
+                prefill[name].append(n / ttft)
+        for name in names:
+            out[name]["prompts"][n] = {"decode_ms": statistics.median(decode[name]),
+                                       "prefill_tok_s": statistics.median(prefill[name])}
     n = args.concurrent_prompt
     for c in args.concurrency:
-        rates = [concurrent_decode(url, [[rng.randrange(vocab) for _ in range(n)]
-                                         for _ in range(c)], args.tokens)
-                 for _ in range(args.repeats)]
-        out["concurrency"][c] = statistics.median(rates)
+        rates: dict[str, list[float]] = {name: [] for name in names}
+        for i in range(args.repeats):
+            prompts = [[rng.randrange(vocab) for _ in range(n)] for _ in range(c)]
+            for name in turns(i):
+                rates[name].append(concurrent_decode(urls[name], prompts, args.tokens))
+        for name in names:
+            out[name]["concurrency"][c] = statistics.median(rates[name])
     return out
 
 
@@ -186,12 +201,6 @@ def serving(cmd: list[str], url: str, env: dict | None = None, log=subprocess.DE
             proc.wait(30)
         except subprocess.TimeoutExpired:
             proc.kill()
-
-
-def run_engine(cmd: list[str], url: str, args: argparse.Namespace, vocab: int,
-               env: dict | None = None) -> dict:
-    with serving(cmd, url, env):
-        return measure(url, args, vocab)
 
 
 def model_step_ms(model_dir: Path, prompt: int, steps: int) -> float:
@@ -270,8 +279,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def serve_both(model: Path, args: argparse.Namespace) -> tuple[dict, dict, str]:
-    """FreeToken's and llama-server's :func:`measure` results on ``model`` (one server at a
-    time), and the checkpoint dtype the GGUF keeps (``bf16``, ``f32``, or ``mxfp4``: MXFP4
+    """FreeToken's and llama-server's :func:`measure` results on ``model`` (both servers up,
+    taking turns on each request), and the checkpoint dtype the GGUF keeps (``bf16``, ``f32``, or ``mxfp4``: MXFP4
     experts, the rest as stored)."""
     config = checkpoint_config(model)
     vocab = min(config["vocab_size"], 8192)  # prompt ids: ordinary tokens, never the specials
@@ -284,14 +293,18 @@ def serve_both(model: Path, args: argparse.Namespace) -> tuple[dict, dict, str]:
     slots = max([1, *args.concurrency])
     per_slot = max(args.prompts + [args.concurrent_prompt]) + args.tokens + 64
     ft_port, ll_port = 8431, 8432
-    ft = run_engine([sys.executable, "-m", "freetoken", "serve", "--model", str(model),
-                     "--port", str(ft_port), *args.freetoken_args.split()],
-                    f"http://127.0.0.1:{ft_port}", args, vocab)
     env = dict(os.environ, LD_LIBRARY_PATH=str(bin_dir))
-    ll = run_engine([str(bin_dir / "llama-server"), "-m", str(gguf), "--port", str(ll_port),
-                     "-t", str(args.threads), "-c", str(slots * per_slot), "-np", str(slots),
-                     "--no-webui"],
-                    f"http://127.0.0.1:{ll_port}", args, vocab, env)
+    urls = {"ft": f"http://127.0.0.1:{ft_port}", "ll": f"http://127.0.0.1:{ll_port}"}
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(serving([sys.executable, "-m", "freetoken", "serve", "--model",
+                                     str(model), "--port", str(ft_port),
+                                     *args.freetoken_args.split()], urls["ft"]))
+        stack.enter_context(serving([str(bin_dir / "llama-server"), "-m", str(gguf), "--port",
+                                     str(ll_port), "-t", str(args.threads), "-c",
+                                     str(slots * per_slot), "-np", str(slots), "--no-webui"],
+                                    urls["ll"], env))
+        result = measure(urls, args, vocab)
+    ft, ll = result["ft"], result["ll"]
     return ft, ll, outtype
 
 
