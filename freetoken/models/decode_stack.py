@@ -110,7 +110,8 @@ def run_decode_stack(model, stack: DecodeStack, ids: torch.Tensor,
     """
     if ids.shape[0] > KERNEL_MAX_ROWS:
         return None
-    attn = model._attention_layers()
+    plan = model.decode_plan()
+    attn = plan.attention
     pool_k = pool_v = None
     cos = sin = kv_slots = kv_offsets = _EMPTY
     if attn:
@@ -129,8 +130,7 @@ def run_decode_stack(model, stack: DecodeStack, ids: torch.Tensor,
         for i in attn:
             s.layers[i].length += 1
         s.num_tokens += 1
-    moe_rows = [i for i, layer in enumerate(model.layers) if isinstance(layer.mlp, SparseMoE)]
-    for block, row in zip(model.moe_blocks(), moe_rows):
+    for block, row in plan.moe_rows:
         if block.routing_observer is not None:
             block.routing_observer(block.moe_layer, topk[row])
     return logits

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -43,6 +44,32 @@ DEFAULT_PREFILL_CHUNK = 1024
 # stalls every parallel region (measured on the 2-core dev machine, tiny qwen3_next: ~9 ms/token
 # on 1 thread vs 20-90 ms with 2 threads under load).
 DEFAULT_DECODE_THREADS = 1 if (os.cpu_count() or 1) <= 4 else None
+
+
+_SHORT_IDS = 4096  # inputs up to this many ids are range-checked in Python
+
+
+def _id_range(ids: torch.Tensor) -> tuple[int, int]:
+    """``(min, max)`` of a 1-D id tensor: a short one (a decode step's single id) through one
+    ``tolist`` rather than two reductions."""
+    if ids.numel() <= _SHORT_IDS:
+        values = ids.tolist()
+        return min(values), max(values)
+    lo, hi = torch.aminmax(ids)
+    return int(lo), int(hi)
+
+
+@dataclass(frozen=True)
+class DecodePlan:
+    """The layer structure a decode step walks.
+
+    Attributes:
+        attention: indices of the full-attention layers, in order.
+        moe_rows: each MoE block with its layer index (its row of the step's top-k ids).
+    """
+
+    attention: tuple[int, ...]
+    moe_rows: tuple[tuple[SparseMoE, int], ...]
 
 
 class DecoderLayer(nn.Module):
@@ -227,6 +254,17 @@ class DecoderLM(CausalLM):
         return [i for i, layer in enumerate(self.layers) if not isinstance(layer.mixer,
                                                                         GatedDeltaNet)]
 
+    def decode_plan(self) -> DecodePlan:
+        """What each decode step needs to know of the layer structure (built once: the model's
+        layers never change kind after construction)."""
+        plan = self.__dict__.get("_decode_plan")
+        if plan is None:
+            moe_rows = [i for i, layer in enumerate(self.layers)
+                        if isinstance(layer.mlp, SparseMoE)]
+            plan = self.__dict__["_decode_plan"] = DecodePlan(
+                tuple(self._attention_layers()), tuple(zip(self.moe_blocks(), moe_rows)))
+        return plan
+
     def kv_layout(self):
         """Per-token K/V shape of the full-attention layers, for a ``KVPagePool``.
 
@@ -321,7 +359,7 @@ class DecoderLM(CausalLM):
             raise ValueError("input_ids must be a non-empty 1-D tensor of token ids")
         if input_ids.dtype not in (torch.int64, torch.int32):
             raise ValueError(f"input_ids must be int64, got {input_ids.dtype}")
-        lo, hi = int(input_ids.min()), int(input_ids.max())
+        lo, hi = _id_range(input_ids)
         if lo < 0 or hi >= self.config.vocab_size:
             bad = lo if lo < 0 else hi
             raise ValueError(f"token id {bad} out of range [0, {self.config.vocab_size})")
@@ -457,7 +495,7 @@ class DecoderLM(CausalLM):
         in one page pool, on a device the C++ decode attention runs on; else None."""
         if not self.paged_decode or any(ids.shape[0] != 1 for ids in tails):
             return None
-        attn = self._attention_layers()
+        attn = self.decode_plan().attention
         if not attn or not self.layers[attn[0]].mixer.paged_decode_fits(h):
             return None
         return PagedDecodeBatch.of_layer([s.layers[attn[0]] for s in states],

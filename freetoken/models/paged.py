@@ -12,6 +12,7 @@ path).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -51,8 +52,14 @@ class SlotTable:
     def __init__(self, slots: Sequence[int] | np.ndarray | torch.Tensor = (),
                  device=None) -> None:
         self.length = 0
-        self.slots = torch.empty(16, dtype=torch.int64, device=device)
+        self._set_backing(torch.empty(16, dtype=torch.int64, device=device))
         self.extend(slots)
+
+    def _set_backing(self, slots: torch.Tensor) -> None:
+        self.slots = slots
+        # a CPU table takes Python ints through numpy: a decode step appends one slot, and a
+        # torch op right after a step that streamed the weights costs tens of microseconds
+        self._host = slots.numpy() if slots.device.type == "cpu" else None
 
     @property
     def capacity(self) -> int:
@@ -65,19 +72,35 @@ class SlotTable:
         Raises:
             ValueError: not a 1-D integer sequence, or a negative slot.
         """
+        if self._host is not None and isinstance(slots, (list, tuple)) and all(
+                type(s) is int for s in slots):
+            if not slots:
+                return
+            low = min(slots)
+            if low < 0:
+                raise ValueError(f"token slots must be >= 0, got {low}")
+            end = self._reserve(len(slots))
+            self._host[self.length : end] = slots
+            self.length = end
+            return
         new = _as_slots(slots, self.slots.device)
         n = new.shape[0]
         if not n:
             return
         if int(new.min()) < 0:
             raise ValueError(f"token slots must be >= 0, got {int(new.min())}")
+        end = self._reserve(n)
+        self.slots[self.length : end] = new
+        self.length = end
+
+    def _reserve(self, n: int) -> int:
+        """Room for ``n`` more slots (capacity doubled when short); returns the new length."""
         end = self.length + n
         if end > self.capacity:
             grown = self.slots.new_empty(max(end, 2 * self.capacity))
             grown[: self.length] = self.slots[: self.length]
-            self.slots = grown
-        self.slots[self.length : end] = new
-        self.length = end
+            self._set_backing(grown)
+        return end
 
     def truncate(self, n: int) -> None:
         """Keep the first ``n`` slots (the caller releases the dropped ones in the pool).
@@ -192,6 +215,6 @@ class PagedDecodeBatch:
             kv_slots = tables[0].slots[: lengths[0]]
         else:
             kv_slots = torch.cat([t.slots[:n] for t, n in zip(tables, lengths)])
-        offsets = torch.tensor(np.cumsum([0] + lengths), dtype=torch.int64)
+        offsets = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int64)
         cos, sin = rotary.at(positions)
         return cls(kv_slots, offsets, cos, sin)

@@ -90,6 +90,9 @@ class RotaryTable:
         end = max(positions) + 1
         if end > self._cos.shape[0]:
             self._grow(end)
+        if len(positions) == 1:  # a view of the row: one decode step, no gather
+            p = positions[0]
+            return self._cos[p : p + 1], self._sin[p : p + 1]
         index = torch.tensor(positions, device=self._cos.device)
         return self._cos.index_select(0, index), self._sin.index_select(0, index)
 

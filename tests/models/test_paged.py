@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import random
 
+import numpy as np
 import pytest
 import torch
 
@@ -14,6 +15,7 @@ from freetoken.models.paged import PagedKV, SlotTable
 from freetoken.models.qwen3_moe import Qwen3MoeForCausalLM
 from freetoken.models.qwen3_next import Qwen3NextForCausalLM
 from freetoken.models.registry import load_model
+from freetoken.models.rotary import RotaryTable
 from freetoken.models.state import GDNState, KVCache
 from freetoken.prefix.checkpoints import RecurrentLayout
 from freetoken.prefix.kv_pool import KVLayout, KVPagePool
@@ -169,6 +171,35 @@ def test_slot_table_grows_truncates_and_rejects_bad_slots() -> None:
     with pytest.raises(ValueError, match=r"slots must be a 1-D integer sequence"):
         table.extend(torch.tensor([1.5]))
     assert table.length == 4
+
+
+def test_slot_table_python_ints_and_tensors_fill_it_alike() -> None:
+    """Lists of Python ints go through the table's numpy view; the tensor view sees them, also
+    across growth, and every other input kind gives the same table."""
+    fast, slow = SlotTable(), SlotTable()
+    for i in range(70):  # one slot per decode step, past four doublings of the capacity
+        fast.extend([3 * i])
+        slow.extend(torch.tensor([3 * i]))
+    fast.extend((1, 2))
+    slow.extend(np.array([1, 2]))
+    assert fast.capacity == slow.capacity == 128
+    assert torch.equal(fast.valid(), slow.valid())
+    assert fast.valid().tolist() == [3 * i for i in range(70)] + [1, 2]
+    fast.extend([np.int64(9), 10])  # not all Python ints: the tensor path
+    assert fast.valid()[-2:].tolist() == [9, 10]
+    fast.extend([])
+    with pytest.raises(ValueError, match=r"^token slots must be >= 0, got -4$"):
+        fast.extend([5, -4])
+    assert fast.length == 74
+
+
+def test_rotary_at_one_position_is_the_gathered_row() -> None:
+    rotary = RotaryTable(rotary_dim=16, theta=1e4)
+    for p in (0, 7, 300):  # 300: past the initial table, which grows
+        cos, sin = rotary.at([p])
+        ref_cos, ref_sin = rotary.at([p, p])
+        assert cos.shape == (1, 8) and cos.is_contiguous() and sin.is_contiguous()
+        assert torch.equal(cos, ref_cos[:1]) and torch.equal(sin, ref_sin[:1])
 
 
 def test_new_paged_state_rejects_a_foreign_pool_or_short_table(model) -> None:
