@@ -164,13 +164,18 @@ void score_chunk(const AttendArgs& a, V* parts) {
       } else {
         for (int64_t p = 0; p < count; ++p) folded[p] = V::fold(rows[p]);
       }
+      float* out = a.scores + h * n + i0;
+      if (full == hd) {  // no tail dims: a loop the compiler vectorises
+        for (int64_t p = 0; p < count; ++p) out[p] = folded[p] * a.scale;
+        continue;
+      }
       const float* q = a.q + h * hd;
       const int64_t c = h / g;
       for (int64_t p = 0; p < count; ++p) {
         float s = folded[p];
         const int64_t at = a.slots[i0 + p] * a.slot_stride + c * hd;
         for (int64_t j = full; j < hd; ++j) s += q[j] * scalar_at(a.k, a.bf16, at + j);
-        a.scores[h * n + i0 + p] = s * a.scale;
+        out[p] = s * a.scale;
       }
     }
   }
