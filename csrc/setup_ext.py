@@ -31,6 +31,8 @@ ISA_FLAGS = {
     "rows_fp8_avx512": ["-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl"],
     "rows_dot_avx512_bf16": ["-mavx2", "-mfma", "-mavx512f", "-mavx512bw", "-mavx512vl",
                              "-mavx512bf16"],
+    "rows_fp8_dpbf16": ["-mavx2", "-mfma", "-mavx512f", "-mavx512bw", "-mavx512vl",
+                        "-mavx512bf16", "-mavx512vbmi"],
 }
 
 

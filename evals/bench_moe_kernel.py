@@ -12,9 +12,9 @@ wall time, and the ratio of that to two same-run baselines on a large fp32 tenso
 first checked against the fp32 reference on the dequantised weights. The rows ``mxfp4+q8`` and
 ``q4g+q8`` run the same banks with int8 activations (``activations="q8"``), checked against the
 q8 reference up to rounding ambiguity (``rounding.q8_accumulation_error``,
-``Q8_ACCUMULATION_TOLERANCE``); ``bf16+bf16`` runs the bf16 banks with bf16 activations
-(``vdpbf16ps`` on ``avx512_bf16``), checked likewise (``BF16_ACCUMULATION_TOLERANCE``). These
-rows have no torch baseline. Every ISA variant the CPU supports gets its own row.
+``Q8_ACCUMULATION_TOLERANCE``); ``bf16+bf16`` and ``fp8+bf16`` run the bf16 / fp8 banks with
+bf16 activations (``vdpbf16ps`` on ``avx512_bf16``; fp8 there needs AVX512_VBMI too), checked
+likewise (``BF16_ACCUMULATION_TOLERANCE``). These rows have no torch baseline. Every ISA variant the CPU supports gets its own row.
 
 Run: ``python -m evals.bench_moe_kernel [--shapes small,large] [--iters 30]`` (about a minute,
 peak ~2.5 GiB RAM for the fp32 banks of the larger shape). ``run(args)`` returns the table rows.
@@ -45,7 +45,8 @@ from freetoken.ops.cpu_moe.rounding import bf16_accumulation_error, q8_accumulat
 # name: (H, I, N flat experts, top-k). "small" is the small preset (64 experts x 12 layers).
 SHAPES = {"small": (1024, 256, 64 * 12, 8), "large": (2048, 768, 128, 8)}
 # "+q8": int8 activations; "+bf16": bf16 activations.
-FORMATS = ("bf16", "fp32", "mxfp4", "q4g", "fp8", "nvfp4", "mxfp4+q8", "q4g+q8", "bf16+bf16")
+FORMATS = ("bf16", "fp32", "mxfp4", "q4g", "fp8", "nvfp4", "mxfp4+q8", "q4g+q8", "bf16+bf16",
+           "fp8+bf16")
 FP8_BLOCK = (128, 128)
 
 
@@ -151,9 +152,11 @@ def bench_shape(name: str, args: argparse.Namespace, copy_gbs: float, read_gbs: 
             def error(out: torch.Tensor) -> float:
                 return q8_accumulation_error(out, x, *routings[0], banks)
         else:
+            dense = (banks.gate_up[0], banks.down[0]) if bank_fmt == "bf16" else \
+                banks.dequantize()
+
             def error(out: torch.Tensor) -> float:
-                return bf16_accumulation_error(out, x, *routings[0], banks.gate_up[0],
-                                               banks.down[0])
+                return bf16_accumulation_error(out, x, *routings[0], *dense)
         bounds = {"fp32": FP32_ACCUMULATION_TOLERANCE, "q8": Q8_ACCUMULATION_TOLERANCE,
                   "bf16": BF16_ACCUMULATION_TOLERANCE}
         for impl, fn in impls.items():

@@ -205,12 +205,15 @@ inline BankArg check_bank(const std::string& format_name, const py::tuple& tenso
   return b;
 }
 
-// "fp32", "q8" (4-bit banks only) or "bf16" (bf16 banks only); ValueError otherwise.
+// "fp32", "q8" (4-bit banks only) or "bf16" (bf16 and fp8 banks only); ValueError otherwise.
 inline Activations parse_activations(const std::string& activations, WeightFormat format,
                               const std::string& format_name) {
   if (activations == "fp32") return Activations::kFp32;
-  if ((format == WeightFormat::kFp8 || format == WeightFormat::kNvfp4) &&
-      (activations == "q8" || activations == "bf16")) {
+  if (format == WeightFormat::kFp8 && activations == "q8") {
+    throw py::value_error("activations='q8' is not supported with fp8 expert banks (they take "
+                          "activations='fp32' or 'bf16')");
+  }
+  if (format == WeightFormat::kNvfp4 && (activations == "q8" || activations == "bf16")) {
     throw py::value_error("activations='" + activations + "' is not supported with " +
                           format_name + " expert banks (they take activations='fp32')");
   }
@@ -222,8 +225,9 @@ inline Activations parse_activations(const std::string& activations, WeightForma
     return Activations::kQ8;
   }
   if (activations == "bf16") {
-    if (format != WeightFormat::kBf16) {
-      throw py::value_error("activations='bf16' needs bf16 expert banks, got " + format_name);
+    if (format != WeightFormat::kBf16 && format != WeightFormat::kFp8) {
+      throw py::value_error("activations='bf16' needs bf16 or fp8 expert banks, got " +
+                            format_name);
     }
     return Activations::kBf16;
   }

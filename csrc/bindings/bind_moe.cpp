@@ -358,6 +358,9 @@ void bind_moe(py::module_& m) {
   m.def("cpu_has_avx512_vnni", &cpu_has_avx512_vnni,
         "Whether the CPU reports AVX512_VNNI with the avx512 variant's features (the "
         "q8_avx512_vnni kernel needs it).");
+  m.def("cpu_has_avx512_vbmi", &cpu_has_avx512_vbmi,
+        "Whether the CPU reports AVX512_VBMI with the avx512_bf16 variant's features (the "
+        "fp8_dpbf16 kernel needs both).");
   m.def("supported_isas", [] {
     std::vector<std::string> names;
     for (Isa s : supported_isas()) names.emplace_back(isa_name(s));

@@ -57,6 +57,18 @@ bool cpu_has_avx512_vnni() {
 #endif
 }
 
+bool cpu_has_avx512_vbmi() {
+#if defined(__x86_64__) || defined(__i386__)
+  static const bool has = [] {
+    const std::vector<Isa> isas = supported_isas();
+    return isas.back() >= Isa::kAvx512Bf16 && __builtin_cpu_supports("avx512vbmi");
+  }();
+  return has;
+#else
+  return false;
+#endif
+}
+
 int64_t vec_layout_block(VecLayout layout) {
   switch (layout) {
     case VecLayout::kNatural: return 1;
@@ -103,7 +115,7 @@ enum KernelId : int {
   kBf16Scalar, kF32Scalar, kQ4Scalar, kQ8Scalar,
   kBf16Avx2, kF32Avx2, kQ4Avx2, kQ8Avx2,
   kBf16Avx512, kF32Avx512, kBf16Dpbf16,
-  kFp8Scalar, kFp8Avx2, kNvfp4Scalar, kNvfp4Avx2, kFp8Avx512, kQ8Avx512,
+  kFp8Scalar, kFp8Avx2, kNvfp4Scalar, kNvfp4Avx2, kFp8Avx512, kQ8Avx512, kFp8Dpbf16,
   kNumKernels,
 };
 
@@ -130,22 +142,27 @@ const std::vector<RowsKernel>& all_rows_kernels() {
       {kNvfp4Avx2, &rows_dot_nvfp4_avx2, VecLayout::kNibble16, "nvfp4_avx2", Isa::kAvx2},
       {kFp8Avx512, &rows_dot_fp8_avx512, VecLayout::kNatural, "fp8_avx512", Isa::kAvx512},
       {kQ8Avx512, &rows_dot_q8_avx512, VecLayout::kNatural, "q8_avx512_vnni", Isa::kAvx512},
+      {kFp8Dpbf16, &rows_dot_fp8_dpbf16, VecLayout::kNatural, "fp8_dpbf16", Isa::kAvx512Bf16},
   };
   return kernels;
 }
 
 const RowsKernel& rows_kernel_for(Isa isa, WeightFormat format, Activations act) {
   const auto& k = all_rows_kernels();
-  if (format == WeightFormat::kFp8 || format == WeightFormat::kNvfp4) {
+  if (format == WeightFormat::kFp8) {
+    if (act == Activations::kQ8) {
+      throw std::invalid_argument("fp8 weights take fp32 or bf16 activations");
+    }
+    if (act == Activations::kBf16 && isa == Isa::kAvx512Bf16 && cpu_has_avx512_vbmi()) {
+      return k[kFp8Dpbf16];
+    }
+    return k[isa == Isa::kScalar ? kFp8Scalar : isa == Isa::kAvx2 ? kFp8Avx2 : kFp8Avx512];
+  }
+  if (format == WeightFormat::kNvfp4) {
     if (act != Activations::kFp32) {
-      throw std::invalid_argument(std::string(format == WeightFormat::kFp8 ? "fp8" : "nvfp4") +
-                                  " weights take fp32 activations only");
+      throw std::invalid_argument("nvfp4 weights take fp32 activations only");
     }
-    const bool scalar = isa == Isa::kScalar;
-    if (format == WeightFormat::kFp8) {
-      return k[scalar ? kFp8Scalar : isa == Isa::kAvx2 ? kFp8Avx2 : kFp8Avx512];
-    }
-    return k[scalar ? kNvfp4Scalar : kNvfp4Avx2];
+    return k[isa == Isa::kScalar ? kNvfp4Scalar : kNvfp4Avx2];
   }
   const bool q4 = format == WeightFormat::kMxfp4 || format == WeightFormat::kQ4g;
   if (act == Activations::kQ8) {

@@ -147,11 +147,30 @@ def resolve_cpu_activations(requested: str, bank_format: str, dtype: torch.dtype
     ``q8`` for 4-bit banks (``mxfp4``, ``q4g``) in a bf16 model, the int8 activation blocks
     llama.cpp multiplies the same 4-bit weights with (on the small gpt_oss preset's MoE block,
     0.28 vs 0.41 ms a token, within ``Q8_TOLERANCE`` of fp32 per layer, about the rounding a bf16
-    model already has), and ``fp32`` otherwise (fp32 models stay exact); other values unchanged.
+    model already has); ``bf16`` for fp8 banks in a bf16 model (the activations a bf16 model
+    holds anyway; ``vdpbf16ps`` over the e4m3 weights as bf16 where the CPU has AVX512_BF16 and
+    AVX512_VBMI); ``fp32`` otherwise (fp32 models stay exact). Other values unchanged.
     """
     if requested != "auto":
         return requested
-    return "q8" if bank_format in ("mxfp4", "q4g") and dtype == torch.bfloat16 else "fp32"
+    if dtype != torch.bfloat16:
+        return "fp32"
+    return {"mxfp4": "q8", "q4g": "q8", "fp8": "bf16"}.get(bank_format, "fp32")
+
+
+def check_stored_activations(stored: str | None, activations: str) -> None:
+    """Refuse activations the CPU kernel does not take with experts stored as ``stored``
+    (``nvfp4``: fp32 only; ``fp8``: fp32 or bf16).
+
+    Raises:
+        ValueError: such a pair.
+    """
+    if stored == "nvfp4" and activations != "fp32":
+        raise ValueError(f"--moe-cpu-activations {activations}: the CPU kernel reads NVFP4 "
+                         f"experts with fp32 activations only")
+    if stored == "fp8" and activations not in ("fp32", "bf16"):
+        raise ValueError(f"--moe-cpu-activations {activations}: the CPU kernel reads FP8 "
+                         f"experts with fp32 or bf16 activations")
 
 
 def check_resident_device(moe: MoeConfig, device: torch.device) -> None:

@@ -20,6 +20,7 @@ from freetoken.offload.backend import (
     CUDA_RESERVE_FRACTION,
     SPLIT_OF_BACKEND,
     MoeConfig,
+    check_stored_activations,
     device_free_bytes,
     resolve_backend,
     resolve_cpu_activations,
@@ -174,13 +175,11 @@ def build_offloaded(model_cls: type[DecoderLM], config: ModelConfig, checkpoint:
     loaded_as = stored or str(bdtype).removeprefix("torch.")
     activations = resolve_cpu_activations(moe.cpu_activations,
                                           stored or moe.expert_format, dtype)
-    if activations == "bf16" and (stored or bdtype != torch.bfloat16):
-        raise ValueError(f"--moe-cpu-activations bf16 needs bf16 host expert banks, but this "
-                         f"checkpoint's experts load as {loaded_as}: "
+    check_stored_activations(stored, activations)
+    if activations == "bf16" and stored != "fp8" and (stored or bdtype != torch.bfloat16):
+        raise ValueError(f"--moe-cpu-activations bf16 needs bf16 or fp8 host expert banks, but "
+                         f"this checkpoint's experts load as {loaded_as}: "
                          f"use --moe-cpu-activations fp32")
-    if stored in ("nvfp4", "fp8") and activations != "fp32":
-        raise ValueError(f"--moe-cpu-activations {activations}: the CPU kernel reads "
-                         f"{stored.upper()} experts with fp32 activations only")
     swiglu = (config.swiglu_limit, config.swiglu_alpha) if config.expert_bias else None
     banks = ExpertBanks(num_layers, config.num_experts, config.hidden_size,
                         config.moe_intermediate_size, bdtype, stored or "dense", swiglu,

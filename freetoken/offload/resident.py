@@ -23,7 +23,7 @@ from freetoken.huge_pages import advise_huge_pages
 from freetoken.models.config import ModelConfig
 from freetoken.models.decoder import DecoderLM
 from freetoken.models.loader import Checkpoint, WeightTarget
-from freetoken.offload.backend import MoeConfig, resolve_cpu_activations
+from freetoken.offload.backend import MoeConfig, check_stored_activations, resolve_cpu_activations
 from freetoken.offload.banks import ExpertBanks
 from freetoken.models.moe_forward import ClampedSwiGLU, grouped_swiglu
 from freetoken.ops.cpu_moe.cpu import cpu_moe_banks
@@ -195,11 +195,9 @@ def build_resident_banks(model_cls: type[DecoderLM], config: ModelConfig,
 
     activations = resolve_cpu_activations(moe.cpu_activations if moe is not None else "auto",
                                           fmt, dtype)
-    if stored in ("nvfp4", "fp8") and activations != "fp32":
-        raise ValueError(f"--moe-cpu-activations {activations}: the CPU kernel reads "
-                         f"{stored.upper()} experts with fp32 activations only")
-    if activations == "bf16":
-        raise ValueError(f"--moe-cpu-activations bf16 needs bf16 expert banks, but these "
+    check_stored_activations(stored, activations)
+    if activations == "bf16" and fmt != "fp8":
+        raise ValueError(f"--moe-cpu-activations bf16 needs bf16 or fp8 expert banks, but these "
                          f"experts are {fmt}: use --moe-cpu-activations fp32")
     bdtype = bank_dtype(checkpoint, dtype, first_expert_tensor(config))
     swiglu = (config.swiglu_limit, config.swiglu_alpha) if config.expert_bias else None

@@ -132,8 +132,8 @@ def test_offloaded_bf16_layout_matches_resident(bf16_layout, backend) -> None:
 
 @pytest.mark.parametrize("moe, message", [
     (MoeConfig(backend="cpu", cpu_activations="bf16"),
-     "--moe-cpu-activations bf16 needs bf16 host expert banks, but this checkpoint's experts "
-     "load as mxfp4: use --moe-cpu-activations fp32"),
+     "--moe-cpu-activations bf16 needs bf16 or fp8 host expert banks, but this checkpoint's "
+     "experts load as mxfp4: use --moe-cpu-activations fp32"),
     (MoeConfig(backend="cpu", expert_format="q4g"),
      "--moe-expert-format q4g: this checkpoint's experts are MXFP4 and stay so in the host "
      "banks (use mxfp4, or dense: as stored)"),

@@ -18,6 +18,7 @@ import torch
 from freetoken.cli import build_parser
 from freetoken.launch import serve
 from freetoken.models.registry import load_model
+from freetoken.models.tiny import make_tiny
 from freetoken.offload import loading
 from freetoken.offload.backend import MoeConfig
 from tests.offload.test_cpu_activations_q8 import teacher_forced_errors
@@ -37,6 +38,20 @@ def test_bf16_logits_stay_close_to_fp32_activations(tiny_checkpoint, arch, every
     assert sum(layer.cpu_experts for layer in stats.layers) > 0
 
 
+def test_fp8_banks_take_bf16_activations(tmp_path_factory, every_cpu_isa):
+    """fp8 host banks with bf16 activations: logits within LOGITS_BOUND of fp32 ones; in a bf16
+    model ``auto`` picks them."""
+    path = make_tiny("qwen3_5_moe", "tiny", tmp_path_factory.mktemp("fp8") / "m", weights="fp8")
+    models = {act: load_model(path, moe=MoeConfig(backend="cpu", cache="1", cpu_activations=act))
+              for act in ("fp32", "bf16")}
+    assert models["bf16"].moe_runtime.banks.format == "fp8"
+    assert models["bf16"].moe_runtime.cpu.activations == "bf16"
+    errors = teacher_forced_errors(models["fp32"], models["bf16"])
+    assert all(0 < e <= LOGITS_BOUND for e in errors), errors
+    auto = load_model(path, dtype=torch.bfloat16, moe=MoeConfig(backend="cpu", cache="1"))
+    assert auto.moe_runtime.cpu.activations == "bf16"
+
+
 def test_bf16_with_4bit_or_resident_or_fp32_banks_is_refused(tiny_checkpoint, monkeypatch):
     with pytest.raises(ValueError) as info:
         MoeConfig(backend="cpu", expert_format="q4g", cpu_activations="bf16")
@@ -52,9 +67,9 @@ def test_bf16_with_4bit_or_resident_or_fp32_banks_is_refused(tiny_checkpoint, mo
     with pytest.raises(ValueError) as info:
         load_model(tiny_checkpoint("qwen3_moe"), moe=MoeConfig(backend="cpu",
                                                                cpu_activations="bf16"))
-    assert str(info.value) == ("--moe-cpu-activations bf16 needs bf16 host expert banks, but this "
-                               "checkpoint's experts load as float32: use --moe-cpu-activations "
-                               "fp32")
+    assert str(info.value) == ("--moe-cpu-activations bf16 needs bf16 or fp8 host expert banks, "
+                               "but this checkpoint's experts load as float32: use "
+                               "--moe-cpu-activations fp32")
 
 
 def test_cli_refuses_bf16_with_4bit_banks_in_one_line(tmp_path: Path, capsys):

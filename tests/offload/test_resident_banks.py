@@ -163,11 +163,14 @@ def test_resident_mxfp4_matches_transformers_on_both_prefill_paths(tiny_checkpoi
 
 def test_auto_activations_are_q8_for_4bit_experts_in_a_bf16_model(tiny_checkpoint) -> None:
     """``--moe-cpu-activations auto`` (the default): int8 activation blocks for 4-bit experts
-    in a bf16 model, as llama.cpp multiplies the same weights; fp32 everywhere else."""
+    in a bf16 model, as llama.cpp multiplies the same weights; bf16 ones for fp8 experts in a
+    bf16 model; fp32 everywhere else."""
     assert resolve_cpu_activations("auto", "mxfp4", torch.bfloat16) == "q8"
     assert resolve_cpu_activations("auto", "q4g", torch.bfloat16) == "q8"
+    assert resolve_cpu_activations("auto", "fp8", torch.bfloat16) == "bf16"
     assert resolve_cpu_activations("auto", "mxfp4", torch.float32) == "fp32"
-    for fmt in ("dense", "nvfp4", "fp8"):
+    assert resolve_cpu_activations("auto", "fp8", torch.float32) == "fp32"
+    for fmt in ("dense", "nvfp4"):
         assert resolve_cpu_activations("auto", fmt, torch.bfloat16) == "fp32"
     assert resolve_cpu_activations("fp32", "mxfp4", torch.bfloat16) == "fp32"
     path = tiny_checkpoint("gpt_oss")

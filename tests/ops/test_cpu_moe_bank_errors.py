@@ -179,9 +179,9 @@ FP8_BLOCK = dict(block_size=(16, 16))
         ("nvfp4", NV.gate_up, NV.down, dict(activations="q8"), ValueError,
          "activations='q8' is not supported with nvfp4 expert banks (they take "
          "activations='fp32')"),
-        ("fp8", F8.gate_up, F8.down, FP8_BLOCK | dict(activations="bf16"), ValueError,
-         "activations='bf16' is not supported with fp8 expert banks (they take "
-         "activations='fp32')"),
+        ("fp8", F8.gate_up, F8.down, FP8_BLOCK | dict(activations="q8"), ValueError,
+         "activations='q8' is not supported with fp8 expert banks (they take "
+         "activations='fp32' or 'bf16')"),
     ],
     ids=lambda v: v if isinstance(v, str) and " " in v else None,
 )

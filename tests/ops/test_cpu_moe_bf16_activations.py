@@ -83,10 +83,10 @@ def test_bf16_activations_need_bf16_banks():
     g = torch.Generator().manual_seed(0)
     gate_up, down = torch.randn(2, 64, 32, generator=g), torch.randn(2, 32, 32, generator=g)
     tri = (torch.zeros(1, dtype=torch.int64), torch.zeros(1, dtype=torch.int64), torch.ones(1))
-    with pytest.raises(ValueError, match=r"^activations='bf16' needs bf16 expert banks, got fp32$"):
+    with pytest.raises(ValueError, match=r"^activations='bf16' needs bf16 or fp8 expert banks, got fp32$"):
         cpu_moe(torch.randn(1, 32), *tri, gate_up, down, activations="bf16")
     banks = build_banks(gate_up, down, "q4g")
-    with pytest.raises(ValueError, match=r"^activations='bf16' needs bf16 expert banks, got q4g$"):
+    with pytest.raises(ValueError, match=r"^activations='bf16' needs bf16 or fp8 expert banks, got q4g$"):
         cpu_moe_banks(torch.randn(1, 32), *tri, banks, activations="bf16")
     with pytest.raises(ValueError, match=r"^unknown activations 'fp16'; expected one of: fp32, "
                                          r"q8, bf16$"):

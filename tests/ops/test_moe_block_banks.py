@@ -108,12 +108,12 @@ def test_bank_arguments_are_clear_errors():
                                          r"\[E, 2I, 96\] / \[E, 96, I\]$"):
         small = build_banks(torch.zeros(5, 64, 32), torch.zeros(5, 32, 32), "mxfp4")
         moe_block_decode(**{**kernel, "down": small.down})
-    with pytest.raises(ValueError, match="^activations='bf16' needs bf16 expert banks, got "
-                                         "mxfp4"):
+    with pytest.raises(ValueError, match="^activations='bf16' needs bf16 or fp8 expert banks, "
+                                         "got mxfp4"):
         moe_block_decode(**{**kernel, "activations": "bf16"})
     fp8, _ = _case(SHAPES[2], "fp8", torch.float32, seed=1)
     with pytest.raises(ValueError, match="^activations='q8' is not supported with fp8 expert "
-                                         r"banks \(they take activations='fp32'\)"):
+                                         r"banks \(they take activations='fp32' or 'bf16'\)"):
         moe_block_decode(**{**fp8, "activations": "q8"})
     with pytest.raises(ValueError, match=r"^fp8 expert banks need block_size \(bm, bn\)"):
         moe_block_decode(**{**fp8, "block_size": None})

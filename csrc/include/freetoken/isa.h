@@ -52,6 +52,10 @@ Isa best_isa();
 // the avx512 variants needs it.
 bool cpu_has_avx512_vnni();
 
+// Whether the CPU reports AVX512_VBMI with the avx512_bf16 variant's features: the fp8_dpbf16
+// kernel needs both.
+bool cpu_has_avx512_vbmi();
+
 // Order in which a variant reads the k values of its fp32 vectors (the weights keep their stored
 // order). A variant whose weight decode naturally yields columns in another order asks for the
 // vectors in that order, so the permutation is paid once per vector, not once per weight row.
@@ -148,6 +152,8 @@ void rows_dot_bf16_dpbf16(const RowsDotArgs& a);  // AVX512_BF16, bf16-valued ve
 void rows_dot_fp8_scalar(const RowsDotArgs& a);    // kNatural
 void rows_dot_fp8_avx2(const RowsDotArgs& a);      // AVX2 + F16C, kNatural
 void rows_dot_fp8_avx512(const RowsDotArgs& a);    // AVX-512F/BW/VL, kNatural
+// fp8 with bf16-valued vectors (Activations::kBf16): vdpbf16ps over the e4m3 weights as bf16.
+void rows_dot_fp8_dpbf16(const RowsDotArgs& a);    // AVX512_BF16 + AVX512_VBMI, kNatural
 void rows_dot_nvfp4_scalar(const RowsDotArgs& a);  // kNatural
 void rows_dot_nvfp4_avx2(const RowsDotArgs& a);    // AVX2 + F16C, kNibble16
 
@@ -177,8 +183,10 @@ struct RowsKernel {
 //     CPU reports AVX512_VNNI (cpu_has_avx512_vnni), else q8_avx2; throws std::invalid_argument
 //     for a dense format.
 //   kFp8 weights: fp8_scalar on scalar, fp8_avx2 on avx2, fp8_avx512 on avx512 and
-//     avx512_bf16; kNvfp4: nvfp4_scalar on scalar, nvfp4_avx2 on every other variant; both with
-//     kFp32 activations only (std::invalid_argument otherwise).
+//     avx512_bf16, with kFp32 or kBf16 activations (the latter bf16-rounded vectors), except
+//     kBf16 on avx512_bf16 when the CPU reports AVX512_VBMI -> fp8_dpbf16; kNvfp4: nvfp4_scalar
+//     on scalar, nvfp4_avx2 on every other variant, kFp32 activations only. Other activations
+//     throw std::invalid_argument.
 const RowsKernel& rows_kernel_for(Isa isa, WeightFormat format, Activations act);
 
 // Every kernel, in id order.

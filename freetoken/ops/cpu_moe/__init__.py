@@ -12,14 +12,16 @@ dequantised weights), so they measure the kernel's arithmetic, not the quantisat
   activations (``scalar``, ``avx2``, ``avx512`` and ``avx512_bf16``, which runs the ``avx512``
   code for them). The only differences are fp32 summation order and, for 4-bit formats, applying
   the group scale to the group's partial sum. Measured: 2e-7 to 6e-7 on AVX2 and AVX-512 CPUs.
-  fp8 and nvfp4 (fp32 activations only) keep it: fp8 decodes e4m3 exactly and scales each
+  fp8 and nvfp4 with fp32 activations keep it: fp8 decodes e4m3 exactly and scales each
   block's partial sum (its many-vector schedule multiplies ``fl(e4m3 * scale)``, the
   reference's weights); nvfp4 multiplies the exact ``e2m1 * e4m3`` and applies the global scale
   to each row's sum, against reference weights ``fl(e2m1 * fl(e4m3 * global))`` (ModelOpt's /
   vLLM's dequantiser). Measured (tests/ops/test_cpu_moe_{fp8,nvfp4}.py shapes and H = 2048,
   I = 768; gpt-oss options included; every variant): 9e-8 to 8e-7.
 
-The bf16-activation path (``activations="bf16"``, bf16 banks; opt-in):
+The bf16-activation path (``activations="bf16"``, bf16 banks opt-in; fp8 banks, the default
+in a bf16 model; fp8 on ``avx512_bf16`` with AVX512_VBMI decodes e4m3 to bf16 by table lookup
+for ``vdpbf16ps``, 2x the fp32-activation kernel's rate):
 
 * ``BF16_ACCUMULATION_TOLERANCE``: the kernel against ``cpu_moe_reference(...,
   activations="bf16")``, which rounds ``x`` and ``silu(g) * u`` to bf16 the same way; bf16 x bf16

@@ -10,16 +10,17 @@ released, return ``out [T, H]`` fp32, re-raise a kernel error), ``done()`` (neve
 ``std::chrono::steady_clock`` from the start of its compute to its end (queueing behind earlier
 submissions not included); ``-1.0`` until ``done()``.
 
-``activations`` (every entry point): ``"fp32"`` (default; the only mode of fp8 and nvfp4 banks)
+``activations`` (every entry point): ``"fp32"`` (default; the only mode of nvfp4 banks)
 multiplies the weights with fp32 activations, exactly up to fp32 summation order (fp8: and the
 rounding of each block scale's product), on every ISA variant; ``"q8"`` (mxfp4 and q4g
 banks only) quantises the activations entering each matrix (``x``, then ``silu(g) * u``) to int8
 per block of 32 columns and sums each block's products exactly in integers: faster, within
 :data:`freetoken.ops.cpu_moe.Q8_TOLERANCE` of the fp32 result (reference:
-:func:`freetoken.ops.cpu_moe.reference_q8.cpu_moe_reference_q8`); ``"bf16"`` (bf16 banks only)
-rounds those activations to bf16 (nearest even) and sums the exact products in fp32 (``vdpbf16ps``
-on ``avx512_bf16``), within :data:`freetoken.ops.cpu_moe.BF16_TOLERANCE` of the fp32 result
-(reference: ``cpu_moe_reference(..., activations="bf16")``).
+:func:`freetoken.ops.cpu_moe.reference_q8.cpu_moe_reference_q8`); ``"bf16"`` (bf16 and fp8
+banks) rounds those activations to bf16 (nearest even) and sums the exact products in fp32
+(``vdpbf16ps`` on ``avx512_bf16``; for fp8 banks with AVX512_VBMI as well), within
+:data:`freetoken.ops.cpu_moe.BF16_TOLERANCE` of the fp32 result (reference:
+``cpu_moe_reference(..., activations="bf16")``).
 
 gpt-oss experts (every entry point, keyword-only; transformers ``GptOssExperts`` with its
 interleaved gate/up rows reordered to gate rows first at load): ``gate_up_bias [N, 2I]`` and
@@ -100,7 +101,7 @@ def submit(
         isa: ``"scalar"``, ``"avx2"``, ``"avx512"`` or ``"avx512_bf16"``; ``None`` reads
             ``FREETOKEN_CPU_MOE_ISA``, else the best variant this CPU supports
             (:func:`supported_isas`).
-        activations: ``"fp32"``; ``"bf16"`` with bf16 banks; ``"q8"`` needs 4-bit banks
+        activations: ``"fp32"``; ``"bf16"`` with bf16 (or fp8) banks; ``"q8"`` needs 4-bit banks
             (:func:`submit_banks`), so it is always refused here (ValueError).
         gate_up_bias: ``[N, 2I]`` fp32 contiguous CPU biases (gate ``[:, 0:I]``, up
             ``[:, I:2I]``) added to ``g`` and ``u`` before the activation, or None (zero).
@@ -125,7 +126,8 @@ def submit(
             of different dtypes; an id out of range; an unknown or unsupported ``isa``; an unknown
             ``activations`` (``unknown activations 'x'; expected one of: fp32, q8, bf16``),
             ``"q8"`` (``activations='q8' needs 4-bit expert banks (mxfp4 or q4g), got bf16``) or
-            ``"bf16"`` with fp32 banks (``activations='bf16' needs bf16 expert banks, got fp32``);
+            ``"bf16"`` with fp32 banks (``activations='bf16' needs bf16 or fp8 expert banks, got
+            fp32``);
             a bias that is not contiguous, not on the CPU, or not of shape ``[N, 2I]`` /
             ``[N, H]`` (``gate_up_bias [4, 63] does not match the expert banks: expected
             [N, 2I] = [4, 64]``); ``swiglu_limit`` not ``> 0`` (NaN included);
@@ -158,8 +160,8 @@ def submit_banks(
     exactly, with the row's global scale applied to the row's sum. Arguments other than
     ``banks`` and the result are as in :func:`submit`; the handle keeps every bank tensor alive
     until the work is done. ``activations="q8"`` (mxfp4 and q4g only; see the module doc)
-    quantises the activations to int8 blocks of 32 columns; ``"bf16"`` (bf16 banks only) rounds
-    them to bf16; fp8 and nvfp4 banks take ``"fp32"`` only. ``gate_up_bias``, ``down_bias``,
+    quantises the activations to int8 blocks of 32 columns; ``"bf16"`` (bf16 and fp8 banks)
+    rounds them to bf16; nvfp4 banks take ``"fp32"`` only. ``gate_up_bias``, ``down_bias``,
     ``swiglu_limit`` and ``swiglu_alpha`` (gpt-oss experts) are as in :func:`submit`, with N, H
     and I those of ``banks``; a 4-bit gpt-oss checkpoint's rows must be reordered (gate rows
     first) in the codes and the scales alike.
@@ -173,10 +175,10 @@ def submit_banks(
             not match down_values [4, 64, 32] with block_size (128, 16): expected [N, ceil(R/bm),
             ceil(C/bn)] = [4, 1, 2]``); ``activations`` other than ``"fp32"`` / ``"q8"`` /
             ``"bf16"``, ``"q8"`` with bf16 / fp32 banks (``activations='q8' needs 4-bit expert
-            banks (mxfp4 or q4g), got fp32``), ``"bf16"`` with other than bf16 banks, either with
-            fp8 / nvfp4 banks (``activations='q8' is not supported with nvfp4 expert banks (they
-            take activations='fp32')``); the bias and ``swiglu_*`` errors of :func:`submit`
-            (TypeError / ValueError alike).
+            banks (mxfp4 or q4g), got fp32``), ``"bf16"`` with other than bf16 / fp8 banks,
+            ``"q8"`` with fp8 banks or either with nvfp4 banks (``activations='q8' is not
+            supported with nvfp4 expert banks (they take activations='fp32')``); the bias and
+            ``swiglu_*`` errors of :func:`submit` (TypeError / ValueError alike).
     """
     if not isinstance(banks, ExpertBankView):
         raise TypeError(f"banks must be an ExpertBankView, got {type(banks).__name__}")
@@ -250,10 +252,21 @@ def cpu_has_avx512_vnni() -> bool:
     return bool(_ext.cpu_has_avx512_vnni())
 
 
+def cpu_has_avx512_vbmi() -> bool:
+    """Whether the CPU reports AVX512_VBMI with the ``avx512_bf16`` variant's features: that
+    variant then runs the ``fp8_dpbf16`` kernel for fp8 banks with bf16 activations."""
+    return bool(_ext.cpu_has_avx512_vbmi())
+
+
 def kernel_runnable(name: str, isa: str) -> bool:
     """Whether this CPU can run the kernel ``name`` listed for ISA variant ``isa`` by
-    :func:`kernels` (the variant is supported, and AVX512_VNNI for ``q8_avx512_vnni``)."""
-    return isa in supported_isas() and (name != "q8_avx512_vnni" or cpu_has_avx512_vnni())
+    :func:`kernels` (the variant is supported, and AVX512_VNNI for ``q8_avx512_vnni``,
+    AVX512_VBMI for ``fp8_dpbf16``)."""
+    if isa not in supported_isas():
+        return False
+    if name == "q8_avx512_vnni":
+        return cpu_has_avx512_vnni()
+    return name != "fp8_dpbf16" or cpu_has_avx512_vbmi()
 
 
 def supported_isas() -> tuple[str, ...]:
