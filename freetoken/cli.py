@@ -124,11 +124,12 @@ def _add_moe_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--moe-cpu-activations", choices=CPU_ACTIVATION_CHOICES, default="auto",
                    help="activations of the CPU expert kernel (the cpu and hybrid backends, and "
                         "4-bit resident experts on a cpu device): auto (default: q8 for 4-bit "
-                        "experts in a bfloat16 model, as llama.cpp does, else fp32), fp32 "
-                        "(exact), q8 (int8 per block of 32, faster, ~1e-2 relative "
-                        "error per MoE layer; needs --moe-expert-format mxfp4 or q4g) or bf16 "
-                        "(rounded to bf16, vdpbf16ps on AVX512_BF16 CPUs, ~3e-3 relative error "
-                        "per MoE layer; needs bf16 dense banks)")
+                        "experts in a bfloat16 model, as llama.cpp does, bf16 for FP8 experts "
+                        "in a bfloat16 model, else fp32), fp32 (exact), q8 (int8 per block of "
+                        "32, faster, ~1e-2 relative error per MoE layer; needs "
+                        "--moe-expert-format mxfp4 or q4g) or bf16 (rounded to bf16, vdpbf16ps "
+                        "on AVX512_BF16 CPUs, ~3e-3 relative error per MoE layer; needs bf16 "
+                        "dense banks or FP8 experts)")
     g.add_argument("--moe-memory-floor", default=None, metavar="SIZE",
                    help="keep SIZE (with a unit, e.g. 2GiB) of device memory free: every 16 engine "
                         "steps the expert cache shrinks when free memory is below SIZE and regrows "
