@@ -119,20 +119,27 @@ def test_hostile_routings(isa):
     assert torch.equal(out[1:], torch.zeros(t - 1, h)) and out[0].abs().sum() > 0
 
 
+def every_code_banks(n: int, h: int, i: int, block: tuple[int, int],
+                     g: torch.Generator) -> ExpertBankView:
+    """fp8 banks of uniformly random codes (all but the NaN ones, 0x7F / 0xFF, which become 1.0)
+    and random positive block scales."""
+
+    def bank(rows, cols):
+        codes = torch.randint(0, 256, (n, rows, cols), generator=g, dtype=torch.uint8)
+        codes[(codes & 0x7F) == 0x7F] = 0x38
+        scales = torch.rand(n, -(-rows // block[0]), -(-cols // block[1]), generator=g) * 1e-2
+        return codes.view(torch.float8_e4m3fn), scales + 1e-3
+
+    return ExpertBankView("fp8", bank(2 * i, h), bank(h, i), n, h, i, block_size=block)
+
+
 def test_every_code_value_and_nan():
     """Random bytes cover all 256 e4m3 codes (subnormals included): a wrongly decoded code would
     move the result far past the bound. A NaN code (0x7F / 0xFF) in one down row makes exactly
     that hidden column NaN, on every variant and schedule."""
     n, h, i = 3, 64, 32
     g = torch.Generator().manual_seed(5)
-
-    def bank(rows, cols):
-        codes = torch.randint(0, 256, (n, rows, cols), generator=g, dtype=torch.uint8)
-        codes[(codes & 0x7F) == 0x7F] = 0x38  # no NaN codes here (1.0)
-        scales = torch.rand(n, -(-rows // 16), -(-cols // 16), generator=g) * 1e-2 + 1e-3
-        return codes.view(torch.float8_e4m3fn), scales
-
-    banks = ExpertBankView("fp8", bank(2 * i, h), bank(h, i), n, h, i, block_size=(16, 16))
+    banks = every_code_banks(n, h, i, (16, 16), g)
     assert torch.unique(banks.gate_up[0].view(torch.uint8)).numel() == 254
     x = torch.randn(5, h, generator=g)
     for tri in [(torch.tensor([0]), torch.tensor([1]), torch.tensor([1.0])),

@@ -23,7 +23,7 @@ from freetoken.ops.cpu_moe import (
 )
 from freetoken.ops.cpu_moe.cpu import cpu_has_avx512_vbmi, cpu_moe_banks, kernels, supported_isas
 from freetoken.ops.cpu_moe.rounding import bf16_accumulation_error
-from tests.ops.test_cpu_moe_fp8 import SHAPES, _banks, _routing, _weights
+from tests.ops.test_cpu_moe_fp8 import SHAPES, _banks, _routing, _weights, every_code_banks
 
 ISAS = supported_isas()
 DPBF16 = "avx512_bf16" in ISAS and cpu_has_avx512_vbmi()
@@ -65,14 +65,7 @@ def test_every_code_value_and_nan():
     (0x7F / 0xFF) makes exactly its hidden column NaN, on every variant."""
     n, h, i = 3, 192, 32  # 192: three 64-column steps per row, the last block ragged
     g = torch.Generator().manual_seed(5)
-
-    def bank(rows, cols):
-        codes = torch.randint(0, 256, (n, rows, cols), generator=g, dtype=torch.uint8)
-        codes[(codes & 0x7F) == 0x7F] = 0x38  # no NaN codes here (1.0)
-        scales = torch.rand(n, -(-rows // 128), -(-cols // 128), generator=g) * 1e-2 + 1e-3
-        return codes.view(torch.float8_e4m3fn), scales
-
-    banks = ExpertBankView("fp8", bank(2 * i, h), bank(h, i), n, h, i, block_size=(128, 128))
+    banks = every_code_banks(n, h, i, (128, 128), g)
     assert torch.unique(banks.gate_up[0].view(torch.uint8)).numel() == 254
     x = torch.randn(5, h, generator=g)
     for isa in ISAS:
