@@ -1,0 +1,82 @@
+"""One draw per row from each row's own generator, as ``torch.multinomial(probs, 1)`` draws it.
+
+``torch.multinomial`` with one sample is an exponential race (the Gumbel-max trick in another
+form): it fills a tensor like ``probs`` with ``Exponential(1)`` values ``q`` from the generator and
+returns ``argmax(probs / q)``. Drawing ``q`` row by row from each row's generator consumes every
+generator exactly as the per-row call does, and the division and argmax then run once over all
+rows, so each row picks the token the per-row ``torch.multinomial`` would have picked for the
+same seed and state. That equivalence is an implementation detail of torch, so it is checked once
+per device against ``torch.multinomial`` itself; where it does not hold, each row calls
+``torch.multinomial`` (same tokens, one call per row).
+
+Shapes: S = drawing rows, V = vocabulary size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+_MATCHES: dict[str, bool] = {}  # device -> the race reproduces torch.multinomial there
+
+
+def draw_rows(probs: torch.Tensor, generators: Sequence[torch.Generator]) -> torch.Tensor:
+    """One token per row of ``probs``, row ``i`` drawn with ``generators[i]``.
+
+    Args:
+        probs: ``[S, V]`` float32 probabilities (softmax output), contiguous.
+        generators: S generators on ``probs.device``; each advances as one
+            ``torch.multinomial(probs[i], 1, generator=generators[i])`` would advance it.
+
+    Returns:
+        ``[S]`` long token ids. A row whose probabilities are NaN (the softmax of an invalid row
+        is NaN throughout) yields an id where ``probs`` is NaN, which :func:`invalid_rows`
+        reports; ``torch.multinomial`` would raise for it.
+    """
+    if not race_matches_multinomial(probs.device):
+        return torch.cat([torch.multinomial(p, 1, generator=g) for p, g in zip(probs, generators)])
+    q = torch.empty_like(probs)  # [S, V]
+    for row, gen in zip(q, generators):
+        row.exponential_(1, generator=gen)
+    return torch.argmax(probs / q, dim=-1)
+
+
+def invalid_rows(probs: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """``[S]`` bool, True where the drawn row's probabilities were not a distribution.
+
+    A softmax row holds a NaN only when all of it is NaN (a NaN or ``+inf`` logit, or no finite
+    one), and argmax prefers NaN, so reading the picked entry is enough: no pass over ``V``.
+
+    Args:
+        probs: ``[S, V]`` float32 probabilities the ids were drawn from.
+        ids: ``[S]`` long, :func:`draw_rows`' result.
+    """
+    return probs.gather(-1, ids.unsqueeze(-1)).squeeze(-1).isnan()
+
+
+def race_matches_multinomial(device: torch.device) -> bool:
+    """Whether the exponential race reproduces ``torch.multinomial`` on ``device`` (checked on
+    the first call for each device: a few seeds over odd-sized random distributions)."""
+    key = str(device)
+    if key not in _MATCHES:
+        _MATCHES[key] = _probe(torch.device(device))
+    return _MATCHES[key]
+
+
+def _probe(device: torch.device) -> bool:
+    logits = torch.randn(3, 4099, generator=torch.Generator().manual_seed(0)) * 3
+    probs = torch.softmax(logits, dim=-1).to(device)  # [3, 4099]
+    for seed in range(3):
+        ref = [torch.multinomial(p, 1, generator=_seeded(seed + i, device))
+               for i, p in enumerate(probs)]
+        q = torch.empty_like(probs)
+        for i, row in enumerate(q):
+            row.exponential_(1, generator=_seeded(seed + i, device))
+        if not torch.equal(torch.cat(ref), torch.argmax(probs / q, dim=-1)):
+            return False
+    return True
+
+
+def _seeded(seed: int, device: torch.device) -> torch.Generator:
+    return torch.Generator(device=device).manual_seed(seed)
