@@ -86,8 +86,9 @@ def test_biased_rows_take_logprobs_from_the_raw_logits(b: int) -> None:
     biased = raw.clone()
     biased[:, 5] += 100.0  # forced under greedy
     biased[:, 9] -= 3.5
+    temps, ks = [0.0, 0.8, 1.0, 0.0, 1.5, 0.6, 0.0], [0, 3, 0, 0, 9, 3, 2]
     params = [SamplingParams(temperature=t, seed=i, logprobs=2, top_k=k)
-              for i, (t, k) in enumerate(zip([0.0, 0.8, 1.0, 0.0, 1.5, 0.6, 0.0], [0, 3, 0, 0, 9, 3, 2]))][:b]
+              for i, (t, k) in enumerate(zip(temps, ks))][:b]
     _compare(biased, params, raw=raw)
 
 
