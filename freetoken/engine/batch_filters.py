@@ -2,88 +2,69 @@
 
 Each function computes, row for row, the same float32 values as the per-row reference in
 :mod:`freetoken.engine.sampler` (``pick / temperature``, ``apply_top_k``, ``apply_top_p``), so a
-seeded draw afterwards picks the same token. Two reductions are kept per row on an accelerator:
-torch chooses its CUDA scan and top-k kernels by the number of rows as well as their length, so
-a many-row ``cumsum`` can round differently, and a many-row ``topk`` can keep a different one of
-two tied logits, than the one-row call the reference makes. On the CPU both kernels work row by
-row, and one call covers all rows.
+seeded draw afterwards picks the same token. Rows come in :class:`RowGroup` s of one value, and
+each group is one operation with that value as a Python scalar, exactly the reference's
+operation. Two reductions are kept per row on an accelerator: torch chooses its CUDA scan and
+top-k kernels by the number of rows as well as their length, so a many-row ``cumsum`` can round
+differently, and a many-row ``topk`` can keep a different one of two tied logits, than the
+one-row call the reference makes. On the CPU both kernels work row by row, and one call covers
+all rows.
 
-Shapes: S = drawing rows, V = vocabulary size; ``x`` is ``[S, V]`` float32 and owned by the
-caller (the functions write into it).
+Shapes: S = drawing rows, V = vocabulary size. ``x`` is ``[S, V]`` float32; a group that covers
+only some rows is written into ``x`` in place, so the caller passes a copy it owns then
+(:attr:`SamplingRows.writes_rows`).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 
 from freetoken.engine.sampling_rows import RowGroup
 
 
-def scale_by_temperature(x: torch.Tensor, temperatures: torch.Tensor,
-                         inverse_temperatures: torch.Tensor) -> torch.Tensor:
-    """``x`` divided by each row's temperature, as a new ``[S, V]`` float32 tensor.
+def scale_by_temperature(x: torch.Tensor, groups: tuple[RowGroup, ...]) -> torch.Tensor:
+    """Divide each grouped row of ``x`` by its group's temperature.
 
     Args:
         x: ``[S, V]`` float32 logits.
-        temperatures: ``[S, 1]`` float32.
-        inverse_temperatures: ``[S, 1]`` float32, ``1 / temperatures`` rounded on the CPU.
+        groups: rows by temperature (rows at temperature 1 are in none).
+
+    Returns:
+        The scaled ``[S, V]`` logits (a new tensor when a group covers every row).
     """
-    if x.device.type == "cuda":
-        # CUDA divides by a Python scalar as a multiplication by its float32 reciprocal
-        return x * inverse_temperatures
-    return x / temperatures
+    return _per_group(x, groups, lambda sub, t: sub / t)
 
 
 def apply_top_k_rows(x: torch.Tensor, groups: tuple[RowGroup, ...]) -> torch.Tensor:
     """Keep exactly the ``k`` largest logits of each grouped row; the rest become ``-inf``.
 
     Args:
-        x: ``[S, V]`` float32 logits (written in place).
-        groups: rows sharing one ``k`` (``0 < k < V``); rows in no group are left alone.
+        x: ``[S, V]`` float32 logits.
+        groups: rows by ``k`` (``0 < k < V``); rows in no group are left alone.
 
     Returns:
-        ``x`` (or a replacement when a group covers every row).
+        The filtered ``[S, V]`` logits. Ties at the k-th value are broken as ``torch.topk``
+        breaks them for the row alone.
     """
-    for group in groups:
-        sub = x if group.full else x[group.rows]  # [n, V]
-        idx = _topk_indices(sub, group.value)  # [n, k]
-        kept = torch.full_like(sub, float("-inf")).scatter(-1, idx, sub.gather(-1, idx))
-        if group.full:
-            x = kept
-        else:
-            x[group.rows] = kept
-    return x
+    return _per_group(x, groups, _top_k)
 
 
-def apply_top_p_rows(x: torch.Tensor, rows: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """Keep, per listed row, the shortest most-likely prefix whose probability reaches ``p``.
+def apply_top_p_rows(x: torch.Tensor, groups: tuple[RowGroup, ...]) -> torch.Tensor:
+    """Keep, per grouped row, the shortest most-likely prefix whose probability reaches ``p``.
 
     A token is dropped when the mass ranked strictly above it is already at least ``p``; the
     most likely token always stays (the reference's rule).
 
     Args:
-        x: ``[S, V]`` float32 logits (written in place).
-        rows: ``[P]`` long, the rows to filter.
-        top_p: ``[P, 1]`` float32, each row's mass.
+        x: ``[S, V]`` float32 logits.
+        groups: rows by ``p`` (``p < 1``); rows in no group are left alone.
 
     Returns:
-        ``x``, with the dropped tokens of the listed rows at ``-inf``.
+        The filtered ``[S, V]`` logits.
     """
-    if rows.numel() == 0:
-        return x
-    full = rows.numel() == x.shape[0]
-    sub = x if full else x[rows]  # [P, V]
-    probs = torch.softmax(sub, dim=-1)  # [P, V]
-    sorted_probs, order = torch.sort(probs, dim=-1, descending=True)  # [P, V], [P, V]
-    mass_before = _cumsum_rows(sorted_probs) - sorted_probs  # [P, V]
-    drop_sorted = mass_before >= top_p
-    drop_sorted[:, 0] = False
-    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)  # vocab order
-    kept = sub.masked_fill(drop, float("-inf"))
-    if full:
-        return kept
-    x[rows] = kept
-    return x
+    return _per_group(x, groups, _top_p)
 
 
 def topk_rows(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -103,8 +84,29 @@ def topk_rows(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.stack([o.values for o in outs]), torch.stack([o.indices for o in outs])
 
 
-def _topk_indices(x: torch.Tensor, k: int) -> torch.Tensor:
-    return topk_rows(x, k)[1]
+def _per_group(x: torch.Tensor, groups: tuple[RowGroup, ...],
+               fn: Callable[[torch.Tensor, float], torch.Tensor]) -> torch.Tensor:
+    for group in groups:
+        if group.full:
+            x = fn(x, group.value)
+        else:
+            x[group.rows] = fn(x[group.rows], group.value)
+    return x
+
+
+def _top_k(x: torch.Tensor, k: float) -> torch.Tensor:
+    idx = topk_rows(x, int(k))[1]  # [n, k]
+    return torch.full_like(x, float("-inf")).scatter(-1, idx, x.gather(-1, idx))
+
+
+def _top_p(x: torch.Tensor, p: float) -> torch.Tensor:
+    probs = torch.softmax(x, dim=-1)  # [n, V]
+    sorted_probs, order = torch.sort(probs, dim=-1, descending=True)  # [n, V], [n, V]
+    mass_before = _cumsum_rows(sorted_probs) - sorted_probs  # [n, V]
+    drop_sorted = mass_before >= p
+    drop_sorted[:, 0] = False
+    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)  # vocab order
+    return x.masked_fill(drop, float("-inf"))
 
 
 def _cumsum_rows(x: torch.Tensor) -> torch.Tensor:

@@ -60,7 +60,7 @@ def sample_batch(logits: torch.Tensor, rows: SamplingRows,
     parts = [ids.to(torch.float64)]
     if invalid is not None:
         parts.append(invalid.to(torch.float64))
-    if rows.logprob_rows.numel():
+    if rows.num_logprob_rows:
         parts.extend(_logprob_parts(raw, ids, rows))
     values = torch.cat(parts).tolist()  # the step's only device -> host transfer
     return _unpack(values, rows, invalid is not None)
@@ -69,20 +69,21 @@ def sample_batch(logits: torch.Tensor, rows: SamplingRows,
 def _pick(pick: torch.Tensor, rows: SamplingRows) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``[R]`` long ids (argmax for greedy rows, a seeded draw for the others) and the drawn
     rows' ``[S]`` bool invalid flags (None when no row draws)."""
-    num_rows, num_greedy = rows.num_rows, rows.greedy.numel()
-    if num_greedy == num_rows:
+    if rows.num_greedy == rows.num_rows:
         return torch.argmax(pick, dim=-1), None
-    all_drawn = num_greedy == 0
-    x = pick if all_drawn else pick[rows.drawn]  # [S, V]
-    x = scale_by_temperature(x, rows.temperatures, rows.inverse_temperatures)
+    mixed = rows.drawn is not None
+    x = pick[rows.drawn] if mixed else pick  # [S, V]
+    if x is pick and rows.writes_rows:
+        x = x.clone()  # some filter writes into only some rows: not into the caller's logits
+    x = scale_by_temperature(x, rows.temperature)
     x = apply_top_k_rows(x, rows.top_k)
-    x = apply_top_p_rows(x, rows.top_p_rows, rows.top_p)
+    x = apply_top_p_rows(x, rows.top_p)
     probs = torch.softmax(x, dim=-1)  # [S, V]
     drawn = draw_rows(probs, rows.generators)  # [S]
     invalid = invalid_rows(probs, drawn)  # [S]
-    if all_drawn:
+    if not mixed:
         return drawn, invalid
-    ids = torch.empty(num_rows, dtype=torch.long, device=pick.device)
+    ids = torch.empty(rows.num_rows, dtype=torch.long, device=pick.device)
     ids[rows.drawn] = drawn
     ids[rows.greedy] = torch.argmax(pick[rows.greedy], dim=-1)
     return ids, invalid
@@ -92,12 +93,12 @@ def _logprob_parts(raw: torch.Tensor, ids: torch.Tensor,
                    rows: SamplingRows) -> list[torch.Tensor]:
     """float64 pieces for the transfer: the L chosen logprobs, then per top-logprobs group its
     ``[n, k]`` ids and ``[n, k]`` values, flattened."""
-    full = rows.logprob_rows.numel() == rows.num_rows
-    lp = torch.log_softmax(raw if full else raw[rows.logprob_rows], dim=-1)  # [L, V]
-    chosen_ids = ids if full else ids[rows.logprob_rows]  # [L]
+    some = rows.logprob_rows is not None
+    lp = torch.log_softmax(raw[rows.logprob_rows] if some else raw, dim=-1)  # [L, V]
+    chosen_ids = ids[rows.logprob_rows] if some else ids  # [L]
     parts = [lp.gather(-1, chosen_ids.unsqueeze(-1)).squeeze(-1).to(torch.float64)]  # [L]
     for group in rows.top_logprobs:
-        values, top_ids = topk_rows(lp if group.full else lp[group.rows], group.value)
+        values, top_ids = topk_rows(lp if group.full else lp[group.rows], int(group.value))
         parts.append(top_ids.flatten().to(torch.float64))
         parts.append(values.flatten().to(torch.float64))
     return parts
@@ -118,7 +119,8 @@ def _unpack(values: list[float], rows: SamplingRows, drew: bool) -> list[Sampled
     pos += len(lp_rows)
     top: dict[int, tuple[tuple[int, float], ...]] = {}
     for group in rows.top_logprobs:
-        k, size = group.value, len(group.positions) * group.value
+        k = int(group.value)
+        size = len(group.positions) * k
         top_ids, top_values = values[pos:pos + size], values[pos + size:pos + 2 * size]
         pos += 2 * size
         for j, member in enumerate(group.positions):

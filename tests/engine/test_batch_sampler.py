@@ -58,7 +58,9 @@ def _compare(logits: torch.Tensor, params: list[SamplingParams], steps: int = 3,
     ref_gens, new_gens = _generators(params, 100), _generators(params, 100)
     for step in range(steps):
         rows = SamplingRows.build(params, new_gens, v, logits.device)
+        before = logits.clone()
         got = sample_batch(logits, rows, allowed, raw_logits=raw)
+        assert torch.equal(logits, before)  # the caller's logits are left alone
         want = [sample(logits[i], p, ref_gens[i],
                        None if allowed is None else allowed[i],
                        None if raw is None else raw[i])
@@ -178,9 +180,9 @@ def test_each_filter_matches_the_reference_bit_for_bit(v: int) -> None:
     params = [SamplingParams(temperature=t, top_k=k, top_p=p, seed=0)
               for t, k, p in zip(temps, ks, ps)]
     rows = SamplingRows.build(params, _generators(params, 0), v, "cpu")
-    scaled = scale_by_temperature(x, rows.temperatures, rows.inverse_temperatures)
+    scaled = scale_by_temperature(x.clone(), rows.temperature)
     assert all(torch.equal(scaled[i], x[i] / t) for i, t in enumerate(temps))
     top_k = apply_top_k_rows(scaled.clone(), rows.top_k)
     assert all(torch.equal(top_k[i], apply_top_k(scaled[i], k)) for i, k in enumerate(ks))
-    top_p = apply_top_p_rows(top_k.clone(), rows.top_p_rows, rows.top_p)
+    top_p = apply_top_p_rows(top_k.clone(), rows.top_p)
     assert all(torch.equal(top_p[i], apply_top_p(top_k[i], p)) for i, p in enumerate(ps))
