@@ -25,9 +25,11 @@ from freetoken.engine.sampler import GREEDY_TEMPERATURE
 class RowGroup:
     """Rows that share one parameter value (a temperature, top-k, top-p or logprobs count).
 
-    Each group is applied with the value as a Python scalar, which is the reference's own
-    operation (``logits / temperature``, ``mass >= top_p``) on every device, and which torch
-    runs faster than a per-row broadcast tensor; requests in a batch share few distinct values.
+    Each group is applied with the value as a Python scalar: that is the reference's own
+    operation (``logits / temperature``, ``mass >= top_p``), so it rounds as the reference does
+    on every device (CUDA, for one, divides by a Python scalar as a multiplication by its
+    float32 reciprocal, which a per-row divisor tensor would not reproduce). Requests in a batch
+    share few distinct values, so there are few groups.
 
     Attributes:
         value: the shared parameter.
