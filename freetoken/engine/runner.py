@@ -5,10 +5,10 @@ restored from a reused prefix: the KV slots of the radix match and the recurrent
 checkpoint), appends each entry's KV slots to its slot table, runs all entries through one
 ``model.forward_batch`` (decode tokens of several requests and prefill chunks together) and
 samples every entry that asks for it with one batched sampler call
-(:func:`~freetoken.engine.batch_sampler.sample_batch`), each request drawing from its own seeded
-``torch.Generator``. A
-failure in the model or the sampler is caught and returned as ``ForwardOutput.error`` for the
-entries of that step (their states are dropped) so the engine keeps serving.
+(:mod:`freetoken.engine.step_sampling`), each request drawing from its own seeded
+``torch.Generator``. A failure in the model or the sampler is caught and returned as
+``ForwardOutput.error`` for the entries of that step (their states are dropped) so the engine
+keeps serving.
 
 Paged models (``DecoderLM.new_paged_state``) keep attention KV in the shared
 :class:`~freetoken.prefix.kv_pool.KVPagePool`; other ``CausalLM`` implementations get their
@@ -26,7 +26,7 @@ import torch
 from freetoken.engine.batch import ForwardOutput, ScheduledBatch, SeqWork
 from freetoken.engine.logit_bias import LogitBiases
 from freetoken.engine.sampler import make_generator
-from freetoken.engine.step_sampling import sample_entries
+from freetoken.engine.step_sampling import GrammarFailed, sample_entries
 from freetoken.models.base import CausalLM, SequenceState
 
 logger = logging.getLogger("freetoken.engine")
@@ -191,8 +191,8 @@ class ModelRunner:
             result = picked.get(row)
             if result is None:  # a non-final prefill chunk
                 outputs.append(ForwardOutput(work.request_key, snapshots=snaps))
-            elif isinstance(result, str):  # the request's grammar failed
-                outputs.append(ForwardOutput(work.request_key, error=result))
+            elif isinstance(result, GrammarFailed):  # ends this request only
+                outputs.append(ForwardOutput(work.request_key, error=result.message))
             else:
                 outputs.append(ForwardOutput(work.request_key, result.token_id, result.logprob,
                                              result.top, snapshots=snaps))

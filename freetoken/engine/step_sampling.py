@@ -12,6 +12,7 @@ Shapes: B = entries of the step, R = entries that sample, V = sampleable vocabul
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -23,9 +24,17 @@ from freetoken.engine.sampler import SampledToken
 from freetoken.engine.sampling_rows import SamplingRows
 
 
+@dataclass(frozen=True)
+class GrammarFailed:
+    """A grammar-constrained entry whose grammar failed this step; its request ends with
+    ``message`` (the other entries of the step go on)."""
+
+    message: str
+
+
 def sample_entries(entries: Sequence[SeqWork], generators: Sequence[torch.Generator],
                    logits: torch.Tensor, biases: LogitBiases, constraints: Mapping[int, object],
-                   sampleable_vocab: int | None) -> dict[int, SampledToken | str]:
+                   sampleable_vocab: int | None) -> dict[int, SampledToken | GrammarFailed]:
     """Sample every entry that asks for it.
 
     Args:
@@ -38,7 +47,7 @@ def sample_entries(entries: Sequence[SeqWork], generators: Sequence[torch.Genera
             None for every column.
 
     Returns:
-        By entry row: the sampled token, or the grammar error message that ends that request.
+        By entry row: the sampled token, or the grammar failure that ends that request.
         Entries that do not sample have no key.
     """
     rows = [row for row, work in enumerate(entries) if work.sample]
@@ -51,13 +60,13 @@ def sample_entries(entries: Sequence[SeqWork], generators: Sequence[torch.Genera
     if constraints:
         matchers = {row: m for row in rows
                     if (m := constraints.get(entries[row].request_key)) is not None}
-    picked: dict[int, SampledToken | str] = {}
+    picked: dict[int, SampledToken | GrammarFailed] = {}
     masks: dict[int, torch.Tensor] = {}
     for row, matcher in matchers.items():
         try:
             masks[row] = matcher.allowed(vocab, logits.device)  # [V] bool
         except GrammarError as exc:
-            picked[row] = str(exc)
+            picked[row] = GrammarFailed(str(exc))
     rows = [row for row in rows if row not in picked]
     if not rows:
         return picked
@@ -84,7 +93,7 @@ def sample_entries(entries: Sequence[SeqWork], generators: Sequence[torch.Genera
         try:  # the grammar follows the token it allowed
             matcher.advance(token.token_id)
         except GrammarError as exc:
-            picked[row] = str(exc)
+            picked[row] = GrammarFailed(str(exc))
     return picked
 
 
