@@ -8,7 +8,8 @@ operation. Two reductions are kept per row on an accelerator: torch chooses its 
 top-k kernels by the number of rows as well as their length, so a many-row ``cumsum`` can round
 differently, and a many-row ``topk`` can keep a different one of two tied logits, than the
 one-row call the reference makes. On the CPU both kernels work row by row, and one call covers
-all rows.
+all rows; there top-p also avoids sorting the whole vocabulary when the nucleus ends among the
+first :data:`TOP_P_HEAD` tokens (:func:`_nucleus_in_head`), with the same result.
 
 Shapes: S = drawing rows, V = vocabulary size. ``x`` is ``[S, V]`` float32; a group that covers
 only some rows is written into ``x`` in place, so the caller passes a copy it owns then
@@ -22,6 +23,10 @@ from collections.abc import Callable
 import torch
 
 from freetoken.engine.sampling_rows import RowGroup
+
+TOP_P_HEAD = 1024
+"""Most likely tokens top-p looks at before sorting a whole CPU row: a sort of 151,936
+probabilities costs about ten times a top-1024, and a nucleus usually ends well inside it."""
 
 
 def scale_by_temperature(x: torch.Tensor, groups: tuple[RowGroup, ...]) -> torch.Tensor:
@@ -101,12 +106,37 @@ def _top_k(x: torch.Tensor, k: float) -> torch.Tensor:
 
 def _top_p(x: torch.Tensor, p: float) -> torch.Tensor:
     probs = torch.softmax(x, dim=-1)  # [n, V]
+    if x.device.type == "cpu" and x.shape[-1] > TOP_P_HEAD:
+        kept = _nucleus_in_head(probs, p)
+        if kept is not None:
+            return x.masked_fill(~kept, float("-inf"))
     sorted_probs, order = torch.sort(probs, dim=-1, descending=True)  # [n, V], [n, V]
     mass_before = _cumsum_rows(sorted_probs) - sorted_probs  # [n, V]
     drop_sorted = mass_before >= p
     drop_sorted[:, 0] = False
     drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)  # vocab order
     return x.masked_fill(drop, float("-inf"))
+
+
+def _nucleus_in_head(probs: torch.Tensor, p: float) -> torch.Tensor | None:
+    """``[n, V]`` bool of the tokens top-p keeps, decided from the ``TOP_P_HEAD`` most likely
+    tokens of each row without sorting the rest; None when some row needs the full sort.
+
+    The head's sorted values and their running sums are the first ``TOP_P_HEAD`` of the full
+    sort's (the CPU ``cumsum`` adds in order), so the head's drop flags are the reference's.
+    Past the head every token is dropped when the head's last one is: its mass before is at
+    least the last head token's. Which of several equal probabilities the full sort puts first
+    is not reproduced, so the head must not split a run of equal values between kept and
+    dropped.
+    """
+    values, ids = torch.topk(probs, TOP_P_HEAD, dim=-1)  # [n, H] descending, [n, H]
+    mass_before = torch.cumsum(values, dim=-1) - values  # [n, H]
+    drop = mass_before >= p
+    drop[:, 0] = False
+    split_tie = (values[:, 1:] == values[:, :-1]) & (drop[:, 1:] != drop[:, :-1])  # [n, H-1]
+    if not bool(drop[:, -1].all()) or bool(split_tie.any()):  # a host read: CPU tensors only
+        return None
+    return torch.zeros_like(probs, dtype=torch.bool).scatter(-1, ids, ~drop)
 
 
 def _cumsum_rows(x: torch.Tensor) -> torch.Tensor:

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from freetoken.core import SamplingParams
-from freetoken.engine import seeded_draw
+from freetoken.engine import batch_filters, seeded_draw
 from freetoken.engine.batch_filters import (apply_top_k_rows, apply_top_p_rows,
                                             scale_by_temperature)
 from freetoken.engine.batch_sampler import INVALID_PROBS, sample_batch
@@ -186,3 +186,23 @@ def test_each_filter_matches_the_reference_bit_for_bit(v: int) -> None:
     assert all(torch.equal(top_k[i], apply_top_k(scaled[i], k)) for i, k in enumerate(ks))
     top_p = apply_top_p_rows(top_k.clone(), rows.top_p)
     assert all(torch.equal(top_p[i], apply_top_p(top_k[i], p)) for i, p in enumerate(ps))
+
+
+@pytest.mark.parametrize("head", [4, 16, 64])
+def test_top_p_decided_in_the_head_matches_the_full_sort(monkeypatch, head: int) -> None:
+    monkeypatch.setattr(batch_filters, "TOP_P_HEAD", head)
+    decided = []
+    in_head = batch_filters._nucleus_in_head
+    monkeypatch.setattr(batch_filters, "_nucleus_in_head",
+                        lambda probs, p: decided.append(r := in_head(probs, p)) or r)
+    g = torch.Generator().manual_seed(head)
+    peaked = torch.randn(4, 300, generator=g) * 6  # [4, 300]
+    tied = torch.round(torch.randn(4, 300, generator=g) * 2) / 2  # runs of equal values
+    top_k = apply_top_k(torch.randn(300, generator=g) * 3, head // 2).expand(4, 300)
+    for x in (peaked, tied, top_k.clone(), torch.zeros(4, 300)):
+        for p in (0.05, 0.3, 0.5, 0.9, 0.99, 1 - 1e-7):
+            params = [SamplingParams(top_p=p, seed=0)] * 4
+            rows = SamplingRows.build(params, _generators(params, 0), 300, "cpu")
+            got = apply_top_p_rows(x.clone(), rows.top_p)
+            assert all(torch.equal(got[i], apply_top_p(x[i], p)) for i in range(4)), p
+    assert any(r is not None for r in decided) and any(r is None for r in decided)
