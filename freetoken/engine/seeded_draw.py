@@ -5,7 +5,7 @@ form): it fills a tensor like ``probs`` with ``Exponential(1)`` values ``q`` fro
 returns ``argmax(probs / q)``. Drawing ``q`` row by row from each row's generator consumes every
 generator exactly as the per-row call does, and the division and argmax then run once over all
 rows, so each row picks the token the per-row ``torch.multinomial`` would have picked for the
-same seed and state. That equivalence is an implementation detail of torch, so it is checked once
+same seed and state. On the CPU the rows' draws run on several threads (:func:`fill_exponential`). That equivalence is an implementation detail of torch, so it is checked once
 per device against ``torch.multinomial`` itself; where it does not hold, each row calls
 ``torch.multinomial`` (same tokens, one call per row).
 
@@ -14,11 +14,18 @@ Shapes: S = drawing rows, V = vocabulary size.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
+PARALLEL_DRAW_MIN_VOCAB = 32_768
+"""Narrowest CPU row whose draw is handed to another thread: a row takes about 20 ns per
+column, and below this a hand-off costs about what it saves."""
+
 _MATCHES: dict[str, bool] = {}  # device -> the race reproduces torch.multinomial there
+_POOL: ThreadPoolExecutor | None = None  # draw threads, started on the first parallel draw
 
 
 def draw_rows(probs: torch.Tensor, generators: Sequence[torch.Generator]) -> torch.Tensor:
@@ -37,9 +44,48 @@ def draw_rows(probs: torch.Tensor, generators: Sequence[torch.Generator]) -> tor
     if not race_matches_multinomial(probs.device):
         return torch.cat([torch.multinomial(p, 1, generator=g) for p, g in zip(probs, generators)])
     q = torch.empty_like(probs)  # [S, V]
-    for row, gen in zip(q, generators):
-        row.exponential_(1, generator=gen)
+    fill_exponential(q, generators)
     return torch.argmax(probs / q, dim=-1)
+
+
+def fill_exponential(q: torch.Tensor, generators: Sequence[torch.Generator]) -> None:
+    """Fill row ``i`` of ``q`` with ``Exponential(1)`` values from ``generators[i]``.
+
+    A CPU row's values come from one generator one after another (torch does not split that
+    work over its threads), and a row of a large vocabulary takes milliseconds, so rows are
+    spread over up to ``torch.get_num_threads()`` threads: each generator is still used by one
+    thread, for one row, so every row gets the values it would get alone.
+
+    Args:
+        q: ``[S, V]`` float32, written in place.
+        generators: S generators on ``q.device``.
+    """
+    workers = min(torch.get_num_threads(), len(generators))
+    if q.device.type != "cpu" or workers < 2 or q.shape[-1] < PARALLEL_DRAW_MIN_VOCAB:
+        for row, gen in zip(q, generators):
+            row.exponential_(1, generator=gen)
+        return
+    inference = torch.is_inference_mode_enabled()  # thread-local: the workers must match
+
+    def fill(first: int) -> None:
+        with torch.inference_mode(inference):
+            for i in range(first, len(generators), workers):
+                q[i].exponential_(1, generator=generators[i])
+
+    futures = [_pool().submit(fill, first) for first in range(1, workers)]
+    try:
+        fill(0)
+    finally:
+        for future in futures:
+            future.result()
+
+
+def _pool() -> ThreadPoolExecutor:
+    global _POOL
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(max_workers=max(1, (os.cpu_count() or 2) - 1),
+                                   thread_name_prefix="freetoken-draw")
+    return _POOL
 
 
 def invalid_rows(probs: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:

@@ -206,3 +206,11 @@ def test_top_p_decided_in_the_head_matches_the_full_sort(monkeypatch, head: int)
             got = apply_top_p_rows(x.clone(), rows.top_p)
             assert all(torch.equal(got[i], apply_top_p(x[i], p)) for i in range(4)), p
     assert any(r is not None for r in decided) and any(r is None for r in decided)
+
+
+@pytest.mark.parametrize("inference", [False, True])
+def test_draws_spread_over_threads_match(monkeypatch, inference: bool) -> None:
+    monkeypatch.setattr(seeded_draw, "PARALLEL_DRAW_MIN_VOCAB", 1)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 3)  # three draw threads, 7 rows
+    with torch.inference_mode(inference):
+        _compare(_logits(7, 1000, seed=11), _batch(7, 1))
