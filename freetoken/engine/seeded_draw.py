@@ -5,9 +5,10 @@ form): it fills a tensor like ``probs`` with ``Exponential(1)`` values ``q`` fro
 returns ``argmax(probs / q)``. Drawing ``q`` row by row from each row's generator consumes every
 generator exactly as the per-row call does, and the division and argmax then run once over all
 rows, so each row picks the token the per-row ``torch.multinomial`` would have picked for the
-same seed and state. On the CPU the rows' draws run on several threads (:func:`fill_exponential`). That equivalence is an implementation detail of torch, so it is checked once
-per device against ``torch.multinomial`` itself; where it does not hold, each row calls
-``torch.multinomial`` (same tokens, one call per row).
+same seed and state. That equivalence is an implementation detail of torch, so it is checked
+once per device against ``torch.multinomial`` itself; where it does not hold, each row calls
+``torch.multinomial`` (same tokens, one call per row). On the CPU the rows' exponential values
+are drawn on several threads (:func:`fill_exponential`).
 
 Shapes: S = drawing rows, V = vocabulary size.
 """
@@ -23,7 +24,9 @@ import torch
 PARALLEL_DRAW_MIN_VOCAB = 4096
 """Narrowest CPU row whose draw is handed to another thread: a row takes about 25 ns per
 column, and at two rows of 4096 columns the hand-off already costs about what it saves
-(measured on 2 cores: 8 rows of 8218 columns 1.6 -> 0.9 ms, of 151,936 columns 28 -> 14 ms)."""
+(measured on 2 cores: 8 rows of 8218 columns 1.6 -> 0.9 ms; of 151,936 columns 28 -> 14 ms
+alone, about 20 ms right after a multi-threaded torch op, whose OpenMP threads keep spinning
+for a while and share the cores)."""
 
 _MATCHES: dict[str, bool] = {}  # device -> the race reproduces torch.multinomial there
 _POOL: ThreadPoolExecutor | None = None  # draw threads, started on the first parallel draw
