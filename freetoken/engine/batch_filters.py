@@ -4,10 +4,10 @@ Each function computes, row for row, the same float32 values as the per-row refe
 :mod:`freetoken.engine.sampler` (``pick / temperature``, ``apply_top_k``, ``apply_top_p``), so a
 seeded draw afterwards picks the same token. Rows come in :class:`RowGroup` s of one value, and
 each group is one operation with that value as a Python scalar, exactly the reference's
-operation. Two reductions are kept per row on an accelerator: torch chooses its CUDA scan and
-top-k kernels by the number of rows as well as their length, so a many-row ``cumsum`` can round
-differently, and a many-row ``topk`` can keep a different one of two tied logits, than the
-one-row call the reference makes. On the CPU both kernels work row by row, and one call covers
+operation. Two reductions stay one call per row on an accelerator: torch picks its CUDA scan
+kernel (a device-wide scan for one row, a per-row kernel for many) and its top-k kernel by the
+shape, so a many-row ``cumsum`` can round differently, and a many-row ``topk`` can keep a
+different one of two tied logits, than the one-row call the reference makes. On the CPU both kernels work row by row, and one call covers
 all rows; there top-p also avoids sorting a row's whole vocabulary when its nucleus ends among
 its first :data:`TOP_P_HEAD` tokens (:func:`_nucleus_in_head`), with the same result.
 

@@ -11,7 +11,10 @@ alternatives, validity) is packed into one float64 tensor and read back with a s
 
 Where the result depends on a torch kernel's choice rather than on arithmetic (CUDA scan and
 top-k kernels, the multinomial's internals), the modules above keep the reference's per-row
-call or check the equivalence first; on the CPU every step is one call over the rows.
+call or check the equivalence first. What stays per row by nature: each drawing row's random
+values come from its own generator (spread over threads on the CPU), and each distinct
+parameter value (temperature, top-k, top-p, alternatives count) is one operation over its rows.
+The CUDA paths follow torch's kernels as written but have not been run against the reference.
 
 Shapes: R = sampling rows, S = drawing rows, L = logprob rows, V = vocabulary size.
 """
