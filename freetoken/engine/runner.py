@@ -4,9 +4,11 @@ For each :class:`ScheduledBatch` it builds the state of entries that start a req
 restored from a reused prefix: the KV slots of the radix match and the recurrent-state
 checkpoint), appends each entry's KV slots to its slot table, runs all entries through one
 ``model.forward_batch`` (decode tokens of several requests and prefill chunks together) and
-samples where an entry asks for it, each request with its own seeded ``torch.Generator``. A
-failure in the model or the sampler is caught and returned as ``ForwardOutput.error`` for the
-entries of that step (their states are dropped) so the engine keeps serving.
+samples every entry that asks for it with one batched sampler call
+(:mod:`freetoken.engine.step_sampling`), each request drawing from its own seeded
+``torch.Generator``. A failure in the model or the sampler is caught and returned as
+``ForwardOutput.error`` for the entries of that step (their states are dropped) so the engine
+keeps serving.
 
 Paged models (``DecoderLM.new_paged_state``) keep attention KV in the shared
 :class:`~freetoken.prefix.kv_pool.KVPagePool`; other ``CausalLM`` implementations get their
@@ -21,10 +23,10 @@ from dataclasses import dataclass
 
 import torch
 
-from freetoken.constrain.spec import GrammarError
 from freetoken.engine.batch import ForwardOutput, ScheduledBatch, SeqWork
 from freetoken.engine.logit_bias import LogitBiases
-from freetoken.engine.sampler import make_generator, sample
+from freetoken.engine.sampler import make_generator
+from freetoken.engine.step_sampling import GrammarFailed, sample_entries
 from freetoken.models.base import CausalLM, SequenceState
 
 logger = logging.getLogger("freetoken.engine")
@@ -179,31 +181,19 @@ class ModelRunner:
         ids = [torch.tensor(w.token_ids, dtype=torch.long, device=self.device)
                for w in batch.entries]
         logits, snapshots = self._forward(batch, ids, [s.state for s in slots])  # [B, V]
-        picking = logits
-        if self._biases:
-            picking = self._biases.apply(
-                logits, [w.request_key if w.sample else None for w in batch.entries])  # [B, V]
+        picked = sample_entries(batch.entries, [s.generator for s in slots], logits,
+                                self._biases, self.constraints, self.sampleable_vocab)
         outputs = []
-        for row, (work, slot) in enumerate(zip(batch.entries, slots)):
+        for row, work in enumerate(batch.entries):
             snaps = ()
             if snapshots is not None:
                 snaps = tuple((p, tuple(t)) for p, t in sorted(snapshots[row].items()))
-            if not work.sample:
+            result = picked.get(row)
+            if result is None:  # a non-final prefill chunk
                 outputs.append(ForwardOutput(work.request_key, snapshots=snaps))
-                continue
-            last, raw = picking[row], logits[row]  # [V], [V]
-            if self.sampleable_vocab is not None and self.sampleable_vocab < last.shape[-1]:
-                last, raw = last[: self.sampleable_vocab], raw[: self.sampleable_vocab]
-            raw = None if picking is logits else raw
-            matcher = self.constraints.get(work.request_key) if self.constraints else None
-            if matcher is None:
-                picked = sample(last, work.sampling, slot.generator, raw_logits=raw)
+            elif isinstance(result, GrammarFailed):  # ends this request only
+                outputs.append(ForwardOutput(work.request_key, error=result.message))
             else:
-                try:  # grammar-constrained: mask, sample, advance the matcher
-                    picked = matcher.sample(last, work.sampling, slot.generator, raw_logits=raw)
-                except GrammarError as exc:  # ends this request only
-                    outputs.append(ForwardOutput(work.request_key, error=str(exc)))
-                    continue
-            outputs.append(ForwardOutput(work.request_key, picked.token_id, picked.logprob,
-                                         picked.top, snapshots=snaps))
+                outputs.append(ForwardOutput(work.request_key, result.token_id, result.logprob,
+                                             result.top, snapshots=snaps))
         return outputs

@@ -1,4 +1,10 @@
-"""Next-token sampling: greedy, temperature, top-k, top-p, seeded generators and logprobs.
+"""Next-token sampling of one row: the reference the batched sampler reproduces.
+
+The engine samples a whole step at once with :func:`freetoken.engine.batch_sampler.sample_batch`,
+which returns, row for row, exactly what :func:`sample` returns here for the same logits,
+parameters and generator state (the tests compare the two). This module stays the readable
+definition of the semantics, and holds what both share (:class:`SampledToken`,
+:func:`make_generator`, :data:`GREEDY_TEMPERATURE`).
 
 Order of operations follows the HF ``generate`` logits-warper chain and vLLM's sampler:
 temperature scaling, then top-k, then top-p (nucleus, Holtzman et al. 2019, §3.1) on the

@@ -137,7 +137,9 @@ def test_preempted_constrained_requests_still_match_running_alone() -> None:
 
 
 class _Broken:
-    def sample(self, *_args, **_kwargs):
+    """A matcher whose grammar fails when asked what may come next."""
+
+    def allowed(self, *_args, **_kwargs):
         raise GrammarError("tool-call grammar failed: test")
 
 
