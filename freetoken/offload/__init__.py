@@ -8,52 +8,26 @@ Host expert banks (``banks``), one device expert cache with a tensor control pat
 (``policies``, ``replay``).
 """
 
-from freetoken.offload.policies import (
-    LRU,
-    Access,
-    Belady,
-    BeladyBypass,
-    CachePolicy,
-    DecayedLFU,
-    FrequencyOracle,
-    PrefillHotSet,
-    StaticHotSet,
-    access_counts,
-    top_ids,
-    uniform_hot_set,
-)
-from freetoken.offload.profile import (
-    MoeProfile,
-    default_profile_path,
-    load_profile,
-    measure_profile,
-    save_profile,
-)
-from freetoken.offload.recorder import RoutingRecorder
-from freetoken.offload.replay import ReplayCounts, ReplayStep, build_steps, replay, schedule
+from __future__ import annotations
 
-__all__ = [
-    "LRU",
-    "Access",
-    "MoeProfile",
-    "RoutingRecorder",
-    "default_profile_path",
-    "load_profile",
-    "measure_profile",
-    "save_profile",
-    "Belady",
-    "BeladyBypass",
-    "CachePolicy",
-    "DecayedLFU",
-    "FrequencyOracle",
-    "PrefillHotSet",
-    "ReplayCounts",
-    "ReplayStep",
-    "StaticHotSet",
-    "access_counts",
-    "build_steps",
-    "replay",
-    "schedule",
-    "top_ids",
-    "uniform_hot_set",
-]
+import importlib
+
+# name -> submodule; imported on first use so that light modules of this package (``control``)
+# load without torch (``freetoken serve`` answers /health before torch is imported)
+_EXPORTS = {
+    **dict.fromkeys(("LRU", "Access", "Belady", "BeladyBypass", "CachePolicy", "DecayedLFU",
+                     "FrequencyOracle", "PrefillHotSet", "StaticHotSet", "access_counts",
+                     "top_ids", "uniform_hot_set"), "policies"),
+    **dict.fromkeys(("MoeProfile", "default_profile_path", "load_profile", "measure_profile",
+                     "save_profile"), "profile"),
+    "RoutingRecorder": "recorder",
+    **dict.fromkeys(("ReplayCounts", "ReplayStep", "build_steps", "replay", "schedule"),
+                    "replay"),
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)

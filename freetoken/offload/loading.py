@@ -112,17 +112,17 @@ def stored_expert_format(checkpoint: Checkpoint, config: ModelConfig) -> str | N
     return {"MXFP4": "mxfp4", "NVFP4": "nvfp4"}.get(stored)
 
 
-def planned_bank_dtype(path, compute_dtype: str) -> str:
+def planned_bank_dtype(path, compute_dtype: str, packed=None) -> str:
     """The bank dtype name (``"bfloat16"`` / ``"float32"``) the loader will choose for the
     checkpoint at ``path`` computed in ``compute_dtype`` (``"float32"`` / ``"bfloat16"``); used to
-    key the stored B_P/B_H profile.
+    key the stored B_P/B_H profile. ``packed``: ``path``'s packed manifest, when already read.
 
     Raises:
         FileNotFoundError, ValueError: as :class:`Checkpoint` and ``ModelConfig.from_file``.
     """
     config = ModelConfig.from_file(path)
     dtype = torch.bfloat16 if compute_dtype == "bfloat16" else torch.float32
-    checkpoint = Checkpoint.for_config(path, config)
+    checkpoint = Checkpoint.for_config(path, config, packed=packed)
     return str(bank_dtype(checkpoint, dtype, first_expert_tensor(config))).removeprefix("torch.")
 
 
@@ -186,7 +186,8 @@ def build_offloaded(model_cls: type[DecoderLM], config: ModelConfig, checkpoint:
                         config.moe_intermediate_size, bdtype, stored or "dense", swiglu,
                         config.quant_block)
     if stored:  # the codes and scales go into the banks as stored
-        checkpoint = Checkpoint.for_config(checkpoint.path, config, raw_experts=True)
+        checkpoint = Checkpoint.for_config(checkpoint.path, config, raw_experts=True,
+                                           packed=checkpoint.packed)
     stand_ins: list[OffloadedExperts] = []
 
     def factory(_layer: int, moe_layer: int) -> OffloadedExperts:

@@ -212,7 +212,8 @@ def build_resident_banks(model_cls: type[DecoderLM], config: ModelConfig,
         return BankExperts(layers[-1], activations)
 
     if stored:
-        checkpoint = Checkpoint.for_config(checkpoint.path, config, raw_experts=True)
+        checkpoint = Checkpoint.for_config(checkpoint.path, config, raw_experts=True,
+                                           packed=checkpoint.packed)
     model = model_cls(config, dtype=dtype, device="cpu", experts_factory=factory)
     advise_huge_pages(model.parameters())
     load_checkpoint(checkpoint, model.weight_targets(), progress, banks=layers)
