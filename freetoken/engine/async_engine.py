@@ -163,7 +163,8 @@ class AsyncEngine(EngineClient):
             on_stage: called with each load stage as it starts: ``"tokenizer"``, ``"weights"``
                 (building the model and reading the checkpoint), ``"experts"`` (every tensor
                 read: expert banks quantised, pinned and cached), ``"engine"`` (KV pool, loop).
-            on_step: called with a :class:`LoadStep` after every tensor read (bytes so far).
+            on_step: called with a :class:`LoadStep` after every tensor read (bytes so far;
+                the banks' later stages go to the ``progress`` bars and lines only).
             packed: ``path``'s packed manifest when the caller read it already (None: read by
                 the loader when ``path`` is packed).
 
@@ -194,14 +195,20 @@ class AsyncEngine(EngineClient):
         def step(s: LoadStep) -> None:
             if reporter is not None:
                 reporter(s)
+            if s.stage != "read":  # the banks' own stages: on the bars and lines only
+                return
             if on_step is not None:
                 on_step(s)
             if s.done_bytes == s.total_bytes:  # the rest of load_model places the experts
                 stage("experts")
 
-        model = load_model(path, dtype=dtype, device=device, moe=moe, bandwidths=bandwidths,
-                           progress=step if progress is not None or on_step or on_stage else None,
-                           packed=packed)
+        try:
+            model = load_model(path, dtype=dtype, device=device, moe=moe, bandwidths=bandwidths,
+                               progress=step if progress is not None or on_step or on_stage
+                               else None, packed=packed)
+        finally:
+            if reporter is not None:
+                reporter.close()
         say(f"weights loaded in {time.perf_counter() - started:.1f}s")
         stage("engine")
         keep_freed_heap()  # the weights keep their mappings; a step's temporaries are reused

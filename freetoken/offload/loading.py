@@ -15,6 +15,7 @@ from torch import nn
 
 from freetoken.models.config import ModelConfig
 from freetoken.models.decoder import DecoderLM
+from freetoken.models.load_progress import report_stage
 from freetoken.models.loader import Checkpoint, WeightTarget
 from freetoken.offload.backend import (
     CUDA_RESERVE_FRACTION,
@@ -197,9 +198,14 @@ def build_offloaded(model_cls: type[DecoderLM], config: ModelConfig, checkpoint:
     model = model_cls(config, dtype=dtype, device=device, experts_factory=factory)
     load_checkpoint(checkpoint, model.weight_targets(), progress, banks=(banks,))
     if moe.expert_format != "dense" and banks.view is None:
+        dense_bytes = banks.nbytes  # the stage's bytes: the dense banks it reads
+        report_stage(progress, "quantise", 0, dense_bytes)
         banks.quantize(moe.expert_format)
+        report_stage(progress, "quantise", dense_bytes, dense_bytes)
     if device.type == "cuda":
+        report_stage(progress, "pin", 0, banks.nbytes)
         banks.pin()
+        report_stage(progress, "pin", banks.nbytes, banks.nbytes)
     slot = slot_bytes(banks.hidden, banks.intermediate, dtype)
     free = device_free_bytes(device)
     budget = int(free * (1 - CUDA_RESERVE_FRACTION)) if free is not None else None

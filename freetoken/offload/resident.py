@@ -22,6 +22,7 @@ from freetoken.core import ResidentExperts
 from freetoken.huge_pages import advise_huge_pages
 from freetoken.models.config import ModelConfig
 from freetoken.models.decoder import DecoderLM
+from freetoken.models.load_progress import report_stage
 from freetoken.models.loader import Checkpoint, WeightTarget
 from freetoken.offload.backend import MoeConfig, resolve_cpu_activations
 from freetoken.offload.banks import ExpertBanks
@@ -217,9 +218,13 @@ def build_resident_banks(model_cls: type[DecoderLM], config: ModelConfig,
     model = model_cls(config, dtype=dtype, device="cpu", experts_factory=factory)
     advise_huge_pages(model.parameters())
     load_checkpoint(checkpoint, model.weight_targets(), progress, banks=layers)
-    if not stored:
+    if not stored:  # per-layer banks: the quantise bar moves layer by layer
+        total, done = sum(b.nbytes for b in layers), 0
+        report_stage(progress, "quantise", 0, total)
         for banks in layers:
+            done += banks.nbytes  # dense bytes, before the conversion shrinks them
             banks.quantize(fmt)
+            report_stage(progress, "quantise", done, total)
     logger.info("moe backend resident: routed experts kept %s on the CPU (%s), cpu activations "
                 "%s", fmt if stored else f"in {fmt}",
                 format_bytes(sum(b.nbytes for b in layers)), activations)
