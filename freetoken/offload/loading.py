@@ -26,6 +26,7 @@ from freetoken.offload.backend import (
     resolve_cpu_activations,
     resolve_slots,
 )
+from freetoken.offload.bank_pages import collapse_banks, fill_on_small_pages
 from freetoken.offload.banks import ExpertBanks
 from freetoken.offload.cache import ExpertCache, slot_bytes
 from freetoken.offload.policies import uniform_hot_set
@@ -196,12 +197,14 @@ def build_offloaded(model_cls: type[DecoderLM], config: ModelConfig, checkpoint:
         return stand_ins[-1]
 
     model = model_cls(config, dtype=dtype, device=device, experts_factory=factory)
+    fill_on_small_pages((banks,))
     load_checkpoint(checkpoint, model.weight_targets(), progress, banks=(banks,))
     if moe.expert_format != "dense" and banks.view is None:
         dense_bytes = banks.nbytes  # the stage's bytes: the dense banks it reads
         report_stage(progress, "quantise", 0, dense_bytes)
         banks.quantize(moe.expert_format)
         report_stage(progress, "quantise", dense_bytes, dense_bytes)
+    collapse_banks((banks,), progress)
     if device.type == "cuda":
         report_stage(progress, "pin", 0, banks.nbytes)
         banks.pin()

@@ -25,6 +25,7 @@ from freetoken.models.decoder import DecoderLM
 from freetoken.models.load_progress import report_stage
 from freetoken.models.loader import Checkpoint, WeightTarget
 from freetoken.offload.backend import MoeConfig, resolve_cpu_activations
+from freetoken.offload.bank_pages import collapse_banks, fill_on_small_pages
 from freetoken.offload.banks import ExpertBanks
 from freetoken.models.moe_forward import ClampedSwiGLU, grouped_swiglu
 from freetoken.ops.cpu_moe.cpu import cpu_moe_banks
@@ -217,6 +218,7 @@ def build_resident_banks(model_cls: type[DecoderLM], config: ModelConfig,
                                            packed=checkpoint.packed)
     model = model_cls(config, dtype=dtype, device="cpu", experts_factory=factory)
     advise_huge_pages(model.parameters())
+    fill_on_small_pages(layers)
     load_checkpoint(checkpoint, model.weight_targets(), progress, banks=layers)
     if not stored:  # per-layer banks: the quantise bar moves layer by layer
         total, done = sum(b.nbytes for b in layers), 0
@@ -225,6 +227,7 @@ def build_resident_banks(model_cls: type[DecoderLM], config: ModelConfig,
             done += banks.nbytes  # dense bytes, before the conversion shrinks them
             banks.quantize(fmt)
             report_stage(progress, "quantise", done, total)
+    collapse_banks(layers, progress)
     logger.info("moe backend resident: routed experts kept %s on the CPU (%s), cpu activations "
                 "%s", fmt if stored else f"in {fmt}",
                 format_bytes(sum(b.nbytes for b in layers)), activations)

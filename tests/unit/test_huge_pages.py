@@ -1,8 +1,10 @@
 """``freetoken.huge_pages``: the span it advises, and that Linux then backs the tensor with
-2 MiB pages (read back from /proc/self/smaps) wherever transparent huge pages are not off."""
+2 MiB pages (read back from /proc/self/smaps) wherever transparent huge pages are not off, on
+first touch or, for pages written small, by collapsing them."""
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from pathlib import Path
@@ -10,7 +12,15 @@ from pathlib import Path
 import torch
 
 from freetoken.heap import MMAP_THRESHOLD
-from freetoken.huge_pages import HUGE_PAGE, advise_huge_pages, huge_span
+from freetoken.huge_pages import (
+    COLLAPSE_PIECE,
+    HUGE_PAGE,
+    MADV_NOHUGEPAGE,
+    advise_huge_pages,
+    anon_huge_bytes,
+    collapse_huge_pages,
+    huge_span,
+)
 
 THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
@@ -56,3 +66,34 @@ def test_advised_tensor_is_backed_by_huge_pages() -> None:
         assert huge == 0
     else:  # the kernel may fall back to small pages when memory is fragmented: most, not all
         assert huge >= size // 2
+
+
+def _collapse_supported() -> bool:
+    """THP not ``never`` and Linux >= 6.1 (MADV_COLLAPSE)."""
+    if not sys.platform.startswith("linux") or not THP.exists():
+        return False
+    if re.search(r"\[(\w+)\]", THP.read_text())[1] == "never":
+        return False
+    major, minor = (int(x) for x in os.uname().release.split(".")[:2])
+    return (major, minor) >= (6, 1)
+
+
+def test_small_pages_written_then_collapsed_keep_their_bytes() -> None:
+    # 96 MiB: a fresh mapping (see above); advised small pages, so the writes take 4 KiB pages
+    data = torch.empty(48 * HUGE_PAGE, dtype=torch.uint8)
+    address, size = huge_span(data)
+    advised = advise_huge_pages([data], MADV_NOHUGEPAGE)
+    assert advised == (size if sys.platform.startswith("linux") and THP.exists() else 0)
+    data.copy_(torch.arange(data.numel(), dtype=torch.int64).remainder(251).to(torch.uint8))
+    if _collapse_supported():
+        assert _anon_huge_bytes(address, size) == 0
+    pieces: list[int] = []
+    collapsed = collapse_huge_pages([data, data[:10]], progress=pieces.append)
+    assert sum(pieces) == size and max(pieces) == COLLAPSE_PIECE  # every piece, once
+    assert torch.equal(data, torch.arange(data.numel()).remainder(251).to(torch.uint8))
+    if not _collapse_supported():
+        assert collapsed == 0
+        return
+    # a piece the kernel cannot collapse now (no free 2 MiB page) stays small: most, not all
+    assert collapsed >= size // 2 and _anon_huge_bytes(address, size) >= collapsed
+    assert anon_huge_bytes() >= collapsed
