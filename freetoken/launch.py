@@ -66,9 +66,14 @@ def resolve_model(model: Path | None) -> Path:
         FileNotFoundError: ``model`` has no ``config.json``.
     """
     if model is None:
-        from freetoken.models.tiny import default_model_path
+        from freetoken.models.tiny_cache import cached
 
         _say("no --model given: using the embedded tiny qwen3_next checkpoint")
+        found = cached("qwen3_next")  # torch-free; generating it needs torch
+        if found is not None:
+            return found
+        from freetoken.models.tiny import default_model_path
+
         return default_model_path(progress=_say)
     if not (model / "config.json").is_file():
         raise FileNotFoundError(f"{model} is not a checkpoint directory (no config.json)")
