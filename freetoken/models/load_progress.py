@@ -2,7 +2,8 @@
 
 :func:`~freetoken.models.loader.load_weights` reports a :class:`LoadStep` of stage ``read``
 after every tensor; the host expert banks then report their own stages (``quantise``: converted
-to a 4-bit format; ``pin``: page-locked for a CUDA device) with :func:`report_stage`.
+to a 4-bit format; ``huge pages``: collapsed into 2 MiB pages; ``pin``: page-locked for a CUDA
+device) with :func:`report_stage`.
 :func:`load_reporter` turns those into ``rich`` progress bars (one per stage: bytes, GB/s, ETA)
 on a terminal, or log lines otherwise (logs, CI, a service manager): one per finished shard of
 a sharded read, one per finished later stage.
@@ -30,7 +31,7 @@ class LoadStep:
             tensors.
         shard_done: this tensor was the last one read from ``shard``.
         stage: ``read`` (the bytes of the checkpoint), or a later stage over the host expert
-            banks' bytes (``quantise``, ``pin``), reported as one shard.
+            banks' bytes (``quantise``, ``huge pages``, ``pin``), reported as one shard.
     """
 
     done_bytes: int
