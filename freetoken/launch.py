@@ -200,6 +200,7 @@ def _stored_mxfp4(model) -> bool:
     quant = raw.get("quantization_config") if isinstance(raw, dict) else None
     return isinstance(quant, dict) and quant.get("quant_method") == "mxfp4"
 
+
 _DEVICE = re.compile(r"(cpu|cuda)(:\d+)?")
 
 
