@@ -15,9 +15,10 @@ import ctypes
 import ctypes.util
 import errno
 import os
+import queue
 import sys
+import threading
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor, as_completed
 
 import torch
 
@@ -80,11 +81,13 @@ def advise_huge_pages(tensors: Iterable[torch.Tensor], advice: int = MADV_HUGEPA
 
 def collapse_huge_pages(tensors: Iterable[torch.Tensor], threads: int | None = None,
                         progress: Callable[[int], None] | None = None,
-                        piece: int = COLLAPSE_PIECE) -> int:
+                        piece: int = COLLAPSE_PIECE,
+                        stop: threading.Event | None = None) -> int:
     """Back the whole 2 MiB pages of each CPU tensor's storage, already written on small pages,
     with 2 MiB pages now: advise ``MADV_HUGEPAGE``, then ``MADV_COLLAPSE`` (Linux >= 6.1) in
-    ``piece``-byte pieces from ``threads`` threads (default: one per CPU). ``progress`` (called
-    on this thread) gets each piece's byte count as it completes, collapsed or not.
+    ``piece``-byte pieces from ``threads`` daemon threads (default: one per CPU). ``progress``
+    (called on this thread) gets each piece's byte count as it completes, collapsed or not;
+    once ``stop`` is set, pieces not yet started stay on small pages.
 
     Returns:
         bytes collapsed: 0 where ``MADV_COLLAPSE`` is unknown (older kernels) or THP is off;
@@ -92,37 +95,62 @@ def collapse_huge_pages(tensors: Iterable[torch.Tensor], threads: int | None = N
     """
     if not sys.platform.startswith("linux"):
         return 0
-    madvise = _madvise()
     pieces = []
     for address, size in huge_spans(tensors):
-        madvise(address, size, MADV_HUGEPAGE)
+        _madvise()(address, size, MADV_HUGEPAGE)
         pieces += [(a, min(piece, address + size - a))
                    for a in range(address, address + size, piece)]
     if not pieces:
         return 0
-
-    def collapse(span: tuple[int, int]) -> int:
-        if madvise(span[0], span[1], MADV_COLLAPSE) == 0:
-            return span[1]
-        if ctypes.get_errno() == errno.EINVAL:  # no MADV_COLLAPSE here, or THP never
-            raise _Unsupported
-        return 0  # EAGAIN / ENOMEM: this piece stays on small pages
-
-    collapsed = 0
     try:
-        collapsed = collapse(pieces[0])
+        collapsed = _collapse(pieces[0])
     except _Unsupported:
         return 0
     if progress is not None:
         progress(pieces[0][1])
-    with ThreadPoolExecutor(threads or os.cpu_count() or 1,
-                            thread_name_prefix="freetoken-collapse") as pool:
-        futures = {pool.submit(collapse, span): span[1] for span in pieces[1:]}
-        for future in as_completed(futures):
-            collapsed += future.result()
-            if progress is not None:
-                progress(futures[future])
+    rest, lock, done = iter(pieces[1:]), threading.Lock(), queue.SimpleQueue()
+
+    def work() -> None:
+        while stop is None or not stop.is_set():
+            with lock:
+                span = next(rest, None)
+            if span is None:
+                break
+            try:
+                done.put((span[1], _collapse(span)))
+            except _Unsupported:
+                done.put((span[1], 0))
+        done.put(None)
+
+    # daemon threads (not an executor): an exiting process does not wait for them
+    workers = [threading.Thread(target=work, name="freetoken-collapse", daemon=True)
+               for _ in range(max(1, threads or os.cpu_count() or 1))]
+    for worker in workers:
+        worker.start()
+    running = len(workers)
+    while running:
+        item = done.get()
+        if item is None:
+            running -= 1
+            continue
+        collapsed += item[1]
+        if progress is not None:
+            progress(item[0])
     return collapsed
+
+
+def _collapse(span: tuple[int, int]) -> int:
+    """``MADV_COLLAPSE`` of ``span`` (address, bytes): its bytes when collapsed, 0 when the
+    kernel could not now (EAGAIN, ENOMEM: it stays on small pages).
+
+    Raises:
+        _Unsupported: EINVAL (no ``MADV_COLLAPSE`` here, or THP ``never``).
+    """
+    if _madvise()(span[0], span[1], MADV_COLLAPSE) == 0:
+        return span[1]
+    if ctypes.get_errno() == errno.EINVAL:
+        raise _Unsupported
+    return 0
 
 
 class _Unsupported(Exception):

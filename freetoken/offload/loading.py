@@ -26,7 +26,11 @@ from freetoken.offload.backend import (
     resolve_cpu_activations,
     resolve_slots,
 )
-from freetoken.offload.bank_pages import collapse_banks, fill_on_small_pages
+from freetoken.offload.bank_pages import (
+    BackgroundCollapse,
+    collapse_banks,
+    fill_on_small_pages,
+)
 from freetoken.offload.banks import ExpertBanks
 from freetoken.offload.cache import ExpertCache, slot_bytes
 from freetoken.offload.policies import uniform_hot_set
@@ -204,8 +208,8 @@ def build_offloaded(model_cls: type[DecoderLM], config: ModelConfig, checkpoint:
         report_stage(progress, "quantise", 0, dense_bytes)
         banks.quantize(moe.expert_format)
         report_stage(progress, "quantise", dense_bytes, dense_bytes)
-    collapse_banks((banks,), progress)
     if device.type == "cuda":
+        collapse_banks((banks,), progress)  # first: pinned pages cannot be collapsed
         report_stage(progress, "pin", 0, banks.nbytes)
         banks.pin()
         report_stage(progress, "pin", banks.nbytes, banks.nbytes)
@@ -231,6 +235,9 @@ def build_offloaded(model_cls: type[DecoderLM], config: ModelConfig, checkpoint:
     for stand_in in stand_ins:
         stand_in.runtime = runtime
     model.moe_runtime = runtime
+    # last, so the rest of the load does not share the CPU with it: the server answers while
+    # the banks move onto 2 MiB pages (done already for a CUDA device)
+    model.bank_collapse = BackgroundCollapse((banks,)) if device.type != "cuda" else None
     logger.info("moe backend %s: %d of %d experts cached on %s (%.1f MiB), banks %.1f MiB %s%s, "
                 "cpu activations %s",
                 backend, slots, banks.num_ids, device, slots * slot / 2**20,

@@ -25,7 +25,7 @@ from freetoken.models.decoder import DecoderLM
 from freetoken.models.load_progress import report_stage
 from freetoken.models.loader import Checkpoint, WeightTarget
 from freetoken.offload.backend import MoeConfig, resolve_cpu_activations
-from freetoken.offload.bank_pages import collapse_banks, fill_on_small_pages
+from freetoken.offload.bank_pages import BackgroundCollapse, fill_on_small_pages
 from freetoken.offload.banks import ExpertBanks
 from freetoken.models.moe_forward import ClampedSwiGLU, grouped_swiglu
 from freetoken.ops.cpu_moe.cpu import cpu_moe_banks
@@ -227,7 +227,7 @@ def build_resident_banks(model_cls: type[DecoderLM], config: ModelConfig,
             done += banks.nbytes  # dense bytes, before the conversion shrinks them
             banks.quantize(fmt)
             report_stage(progress, "quantise", done, total)
-    collapse_banks(layers, progress)
+    model.bank_collapse = BackgroundCollapse(layers)  # a CPU device: serve meanwhile
     logger.info("moe backend resident: routed experts kept %s on the CPU (%s), cpu activations "
                 "%s", fmt if stored else f"in {fmt}",
                 format_bytes(sum(b.nbytes for b in layers)), activations)

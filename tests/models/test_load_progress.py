@@ -135,8 +135,7 @@ def test_on_a_terminal_one_bar_per_stage() -> None:
 
 def test_quantising_the_banks_is_a_stage_of_its_own(tiny_checkpoint) -> None:
     """The offloaded banks quantised at load report the dense bytes they convert, after the read
-    and before their huge pages (only the read counts on /health: ``from_pretrained``'s
-    ``on_step``)."""
+    (only the read counts on /health: ``from_pretrained``'s ``on_step``)."""
     from freetoken.offload.backend import MoeConfig
 
     src = tiny_checkpoint("qwen3_moe")
@@ -149,8 +148,8 @@ def test_quantising_the_banks_is_a_stage_of_its_own(tiny_checkpoint) -> None:
     dense = layers * config.num_experts * 3 * config.hidden_size * config.moe_intermediate_size * 2
     stages = [s.stage for s in steps]
     reads = stages.count("read")
-    assert stages[:reads + 2] == ["read"] * reads + ["quantise", "quantise"]
-    quantise = steps[reads:reads + 2]
+    # a CPU device: the 4-bit banks then move onto 2 MiB pages in the background, no stage
+    assert stages == ["read"] * reads + ["quantise", "quantise"]
+    quantise = steps[reads:]
     assert [(s.done_bytes, s.total_bytes) for s in quantise] == [(0, dense), (dense, dense)]
-    assert set(stages[reads + 2:]) <= {"huge pages"}  # then the 4-bit banks are collapsed
-    assert model.moe_runtime.banks.format == "mxfp4"
+    assert model.moe_runtime.banks.format == "mxfp4" and model.bank_collapse.wait(60)
