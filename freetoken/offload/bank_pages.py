@@ -9,7 +9,8 @@ quantisation at load) ``MADV_COLLAPSE`` copies them into 2 MiB pages, which the 
 stream faster (``freetoken.huge_pages``): on a CPU device in the background, after the load
 (:class:`BackgroundCollapse`), so the server answers at the speed of the reads; before pinning
 for a CUDA device (pinned pages cannot move), as the ``huge pages`` load stage
-(:func:`collapse_banks`).
+(:func:`collapse_banks`), unless no CPU kernel reads them there (``--moe-backend offload``: the
+banks only feed DMA cache fills).
 """
 
 from __future__ import annotations

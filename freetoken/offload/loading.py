@@ -209,7 +209,8 @@ def build_offloaded(model_cls: type[DecoderLM], config: ModelConfig, checkpoint:
         banks.quantize(moe.expert_format)
         report_stage(progress, "quantise", dense_bytes, dense_bytes)
     if device.type == "cuda":
-        collapse_banks((banks,), progress)  # first: pinned pages cannot be collapsed
+        if backend != "offload":  # the CPU kernel streams the banks; before pinning: pinned
+            collapse_banks((banks,), progress)  # pages cannot be collapsed
         report_stage(progress, "pin", 0, banks.nbytes)
         banks.pin()
         report_stage(progress, "pin", banks.nbytes, banks.nbytes)
