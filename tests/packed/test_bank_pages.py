@@ -15,11 +15,11 @@ from freetoken.offload.backend import MoeConfig
 from freetoken.offload.bank_pages import collapse_banks, fill_on_small_pages
 from freetoken.offload.banks import ExpertBanks
 from freetoken.packed.banks import bank_tensors
-from tests.unit.test_huge_pages import _anon_huge_bytes, _collapse_supported
+from tests.unit.smaps import anon_huge_in, collapse_supported
 
 
 def _huge_bytes(spans) -> int:
-    return sum(_anon_huge_bytes(address, size) for address, size in spans)
+    return sum(anon_huge_in(address, size) for address, size in spans)
 
 
 @pytest.mark.parametrize("source", ["packed", "safetensors"])
@@ -33,7 +33,7 @@ def test_banks_move_onto_huge_pages_after_a_cpu_load(packed_pair, source) -> Non
     assert collapse.wait(60)
     spans = huge_spans(bank_tensors(model.moe_runtime.banks).values())
     assert collapse.total == sum(size for _address, size in spans) > 0
-    if not _collapse_supported():
+    if not collapse_supported():
         assert collapse.collapsed == 0
         return
     # the kernel may lack a free 2 MiB page now and then: most, not all
@@ -52,7 +52,7 @@ def test_the_huge_pages_stage_reports_and_keeps_the_bytes() -> None:
     before = [t.clone() for t in (banks.gate_up, banks.down)]
     spans = huge_spans([banks.gate_up, banks.down])
     total = sum(size for _address, size in spans)
-    if _collapse_supported():
+    if collapse_supported():
         assert _huge_bytes(spans) == 0
     steps: list[LoadStep] = []
     collapsed = collapse_banks([banks], steps.append)
@@ -60,7 +60,7 @@ def test_the_huge_pages_stage_reports_and_keeps_the_bytes() -> None:
     assert steps[-1] == LoadStep(total, total, 1, 1, True, "huge pages")
     assert [s.done_bytes for s in steps] == sorted(s.done_bytes for s in steps)
     assert all(torch.equal(a, b) for a, b in zip(before, (banks.gate_up, banks.down)))
-    if _collapse_supported():
+    if collapse_supported():
         assert collapsed >= total // 2 and _huge_bytes(spans) >= collapsed
     else:
         assert collapsed == 0
