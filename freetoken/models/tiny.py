@@ -31,7 +31,8 @@ from freetoken.models import tiny_mxfp4, tiny_nvfp4
 from freetoken.models.config import ModelConfig
 from freetoken.models.tiny_calibrate import TARGET_END_PROB, calibrate_im_end
 from freetoken.models.tiny_fp8 import quantization_config
-from freetoken.models.tiny_cache import (
+from freetoken.models.tiny_cache import (  # noqa: F401 - GENERATOR_VERSION re-exported
+    GENERATOR_VERSION,
     STAMP_FILE,
     cache_path,
     chat_template,

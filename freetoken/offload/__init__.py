@@ -12,22 +12,39 @@ from __future__ import annotations
 
 import importlib
 
-# name -> submodule; imported on first use so that light modules of this package (``control``)
-# load without torch (``freetoken serve`` answers /health before torch is imported)
-_EXPORTS = {
-    **dict.fromkeys(("LRU", "Access", "Belady", "BeladyBypass", "CachePolicy", "DecayedLFU",
-                     "FrequencyOracle", "PrefillHotSet", "StaticHotSet", "access_counts",
-                     "top_ids", "uniform_hot_set"), "policies"),
+# the offline policies and their replay need numpy only: imported here (``replay`` names both a
+# submodule and its function; importing the function last keeps the function)
+from freetoken.offload.policies import (
+    LRU,
+    Access,
+    Belady,
+    BeladyBypass,
+    CachePolicy,
+    DecayedLFU,
+    FrequencyOracle,
+    PrefillHotSet,
+    StaticHotSet,
+    access_counts,
+    top_ids,
+    uniform_hot_set,
+)
+from freetoken.offload.replay import ReplayCounts, ReplayStep, build_steps, replay, schedule
+
+# name -> submodule importing torch: imported on first use, so that the light modules of this
+# package (``control``, ``moe_config``) load without torch (``freetoken serve`` answers /health
+# before torch is imported)
+_LAZY = {
     **dict.fromkeys(("MoeProfile", "default_profile_path", "load_profile", "measure_profile",
                      "save_profile"), "profile"),
     "RoutingRecorder": "recorder",
-    **dict.fromkeys(("ReplayCounts", "ReplayStep", "build_steps", "replay", "schedule"),
-                    "replay"),
 }
-__all__ = sorted(_EXPORTS)
+__all__ = sorted([*_LAZY, "LRU", "Access", "Belady", "BeladyBypass", "CachePolicy",
+                  "DecayedLFU", "FrequencyOracle", "PrefillHotSet", "StaticHotSet",
+                  "access_counts", "top_ids", "uniform_hot_set", "ReplayCounts", "ReplayStep",
+                  "build_steps", "replay", "schedule"])
 
 
 def __getattr__(name: str):
-    if name not in _EXPORTS:
+    if name not in _LAZY:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+    return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
