@@ -8,10 +8,13 @@ For each checkpoint (the ``small`` qwen3_next preset, and a generated qwen3_moe 
 2. ``load_model`` (bf16, ``--moe-backend cpu``: every expert in the host banks) from safetensors
    and from the packed form, each in a fresh process with the page cache dropped: seconds, GB/s
    and the ratio to the raw read of the same files; the packed banks alone (allocate the pool,
-   fill it by the parallel chunk reader) as GB/s and ratio to the raw read of the bank file
-   (``packed_over_raw``), and again into banks whose pages were faulted in before the clock
-   started (``packed_banks_touched``: the I/O path alone; the first touch of a fresh pool
-   advised to transparent huge pages can cost more than reading it);
+   fill it by the parallel chunk reader on small pages, as the loader does; ``_collapse_s``:
+   then the background collapse into 2 MiB pages, not in the load time) as GB/s and ratio to the
+   raw read of the bank file (``packed_over_raw``), and again straight into pages advised huge
+   (``packed_banks_thp``: the first touch of a fresh 2 MiB page can cost more than reading
+   it) and into banks whose pages were faulted in before the clock started
+   (``packed_banks_touched``: the I/O path alone); ``_huge_over_pool``: the process's
+   ``AnonHugePages`` at the end (after the collapse) over the pool's bytes;
 3. peak RSS of each load process above its RSS before loading, against the weights it holds
    (the expert pool, plus the other weights for a whole model; safetensors' mmap of the files
    counts in its RSS).
@@ -73,46 +76,54 @@ def _status(field: str) -> int:
 
 
 def child(kind: str, path: Path) -> None:
-    """In a fresh process: load ``path`` (``kind`` ``model``) or only its packed banks
-    (``banks``); print one JSON line with seconds and RSS before / peak."""
+    """In a fresh process: load ``path`` (``kind`` ``model``) or only its packed banks (``banks``:
+    as the loader fills them, on small pages, then collapsed in the background; ``banks_thp``:
+    straight into pages advised huge, the first touch faulting 2 MiB pages in; ``touched``: into
+    pages faulted in before the clock); print one JSON line with the load's seconds, the
+    background collapse's (``collapse_s``, waited for after the clock stopped), RSS before /
+    peak and the process's ``AnonHugePages`` at the end."""
     import torch
 
+    from freetoken.huge_pages import anon_huge_bytes
     from freetoken.models.registry import load_model
     from freetoken.offload.backend import MoeConfig
 
     before = _status("VmRSS")
     started = time.perf_counter()
-    if kind == "touched":  # the I/O path alone: the pool's pages faulted in before the clock
+    collapse = None
+    if kind == "model":
+        model = load_model(path, dtype=torch.bfloat16, moe=MoeConfig(backend="cpu"))
+        pool = model.moe_runtime.banks.nbytes
+        weights = pool + sum(p.nbytes for p in model.parameters())
+        collapse = model.bank_collapse
+    else:
+        from freetoken.offload.bank_pages import BackgroundCollapse, fill_on_small_pages
         from freetoken.packed.banks import bank_tensors, empty_banks, fill_banks
         from freetoken.packed.manifest import read_manifest
         from freetoken.packed.reader import ChunkReader
 
         manifest = read_manifest(path)
         banks = empty_banks(manifest, manifest.num_layers)
-        for tensor in bank_tensors(banks).values():
-            tensor.view(torch.uint8).fill_(0)
-        started = time.perf_counter()
+        if kind == "touched":  # the I/O path alone
+            for tensor in bank_tensors(banks).values():
+                tensor.view(torch.uint8).fill_(0)
+            started = time.perf_counter()
+        if kind == "banks":
+            fill_on_small_pages((banks,))
         with ChunkReader() as reader:
             fill_banks(manifest, reader, banks, 0)
-        pool = weights = banks.nbytes
-    elif kind == "model":
-        model = load_model(path, dtype=torch.bfloat16, moe=MoeConfig(backend="cpu"))
-        pool = model.moe_runtime.banks.nbytes
-        weights = pool + sum(p.nbytes for p in model.parameters())
-    else:
-        from freetoken.packed.banks import empty_banks, fill_banks
-        from freetoken.packed.manifest import read_manifest
-        from freetoken.packed.reader import ChunkReader
-
-        manifest = read_manifest(path)
-        banks = empty_banks(manifest, manifest.num_layers)
-        with ChunkReader() as reader:
-            fill_banks(manifest, reader, banks, 0)
+        if kind == "banks":
+            collapse = BackgroundCollapse((banks,))
         pool = weights = banks.nbytes
     seconds = time.perf_counter() - started
+    collapse_s = None
+    if collapse is not None:
+        collapse.wait()
+        collapse_s = collapse.seconds
     peak = _status("VmHWM")
-    print(json.dumps({"seconds": seconds, "rss_before": before, "rss_peak": peak,
-                      "pool_bytes": pool, "weight_bytes": weights}))
+    print(json.dumps({"seconds": seconds, "collapse_s": collapse_s,
+                      "rss_before": before, "rss_peak": peak, "pool_bytes": pool,
+                      "weight_bytes": weights, "anon_huge_bytes": anon_huge_bytes()}))
 
 
 def measure(kind: str, path: Path, files: list[Path]) -> dict:
@@ -142,6 +153,8 @@ def bench_checkpoint(label: str, src: Path, dst: Path, reps: int) -> dict:
                              ("raw_banks", lambda: raw_read([dst / "experts.ftw"])),
                              ("packed_banks", lambda: measure("banks", dst,
                                                               [dst / "experts.ftw"])),
+                             ("packed_banks_thp", lambda: measure("banks_thp", dst,
+                                                                  [dst / "experts.ftw"])),
                              ("packed_banks_touched", lambda: measure("touched", dst,
                                                                       [dst / "experts.ftw"]))):
             runs.setdefault(name, []).append(result())
@@ -149,15 +162,20 @@ def bench_checkpoint(label: str, src: Path, dst: Path, reps: int) -> dict:
     for raw in ("raw_safetensors", "raw_packed", "raw_banks"):
         row[f"{raw}_gbps"] = _median(runs[raw], "gbps")
     for name, raw in (("safetensors", "raw_safetensors"), ("packed", "raw_packed"),
-                      ("packed_banks", "raw_banks"), ("packed_banks_touched", "raw_banks")):
+                      ("packed_banks", "raw_banks"), ("packed_banks_thp", "raw_banks"),
+                      ("packed_banks_touched", "raw_banks")):
         seconds = _median(runs[name], "seconds")
         gbps = runs[raw][0]["bytes"] / seconds / 1e9
         row[f"{name}_load_s"] = round(seconds, 3)
+        if name in ("packed", "packed_banks"):  # then in the background, the 2 MiB pages
+            row[f"{name}_collapse_s"] = round(_median(runs[name], "collapse_s"), 3)
         row[f"{name}_gbps"] = round(gbps, 3)
         row[f"{name}_over_raw"] = round(gbps / row[f"{raw}_gbps"], 3)
         last = runs[name][-1]
         grown = last["rss_peak"] - last["rss_before"]
         row[f"{name}_peak_rss_over_weights"] = round(grown / last["weight_bytes"], 3)
+        # the share of the pool on 2 MiB pages at the end (the process's AnonHugePages)
+        row[f"{name}_huge_over_pool"] = round(last["anon_huge_bytes"] / last["pool_bytes"], 3)
     return row
 
 

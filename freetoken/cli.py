@@ -63,8 +63,11 @@ def _anchor_policy(text: str):
 
 
 def _add_cache_options(p: argparse.ArgumentParser) -> None:
-    from freetoken.prefix.build import DEFAULT_MAX_RUNNING_REQUESTS
-    from freetoken.prefix.manager import DEFAULT_CHECKPOINT_SLOTS, DEFAULT_PAGE_SIZE
+    from freetoken.prefix.defaults import (
+        DEFAULT_CHECKPOINT_SLOTS,
+        DEFAULT_MAX_RUNNING_REQUESTS,
+        DEFAULT_PAGE_SIZE,
+    )
 
     g = p.add_argument_group("batching and prefix reuse (paged KV, radix tree, recurrent-state "
                              "checkpoints at semantic anchors)")
@@ -101,10 +104,8 @@ def _add_cache_options(p: argparse.ArgumentParser) -> None:
 
 
 def _add_moe_options(p: argparse.ArgumentParser) -> None:
-    from freetoken.offload.backend import CPU_ACTIVATION_CHOICES
-    from freetoken.offload.banks import EXPERT_FORMATS
     from freetoken.offload.control import MOE_BACKENDS
-    from freetoken.offload.scores import POLICIES
+    from freetoken.offload.moe_config import CPU_ACTIVATION_CHOICES, EXPERT_FORMATS, POLICIES
 
     g = p.add_argument_group("MoE offload (routed experts in host memory, a device expert cache)")
     g.add_argument("--device", default="cpu",
@@ -151,7 +152,7 @@ def _add_moe_options(p: argparse.ArgumentParser) -> None:
 
 def _cache_spec(text: str) -> str:
     """argparse ``type`` for ``--moe-cache-slots``: checked now, kept as text."""
-    from freetoken.offload.backend import parse_cache_spec
+    from freetoken.offload.moe_config import parse_cache_spec
 
     try:
         parse_cache_spec(text)

@@ -1,28 +1,27 @@
 """``freetoken serve``: bind, run the HTTP server at once, and load the checkpoint in the
-background while ``/health`` reports the progress."""
+background while ``/health`` reports the progress.
+
+Everything up to the first ``/health`` answer is torch-free on a CPU device (flag checks, the
+checkpoint's config and packed manifest, the memory plan, the loading server): torch is first
+imported by the loader thread, so the port answers within a fraction of a second of the start.
+"""
 
 from __future__ import annotations
 
 import argparse
-import itertools
 import logging
-import os
+import re
 import signal
 import socket
 import sys
-import threading
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    import torch
+from freetoken.serve_load import TEST_LOAD_DELAY_ENV  # noqa: F401 - re-exported for tests
 
-    from freetoken.models.load_progress import LoadStep
-    from freetoken.offload.backend import MoeConfig
-    from freetoken.server.config import ServerConfig
-    from freetoken.server.loading import LoadState
+if TYPE_CHECKING:
+    from freetoken.offload.moe_config import MoeConfig
+    from freetoken.packed.manifest import PackedManifest
 
 ENDPOINTS = (
     ("POST", "/v1/chat/completions", "OpenAI chat"),
@@ -59,9 +58,14 @@ def resolve_model(model: Path | None) -> Path:
         FileNotFoundError: ``model`` has no ``config.json``.
     """
     if model is None:
-        from freetoken.models.tiny import default_model_path
+        from freetoken.models.tiny_cache import cached
 
         _say("no --model given: using the embedded tiny qwen3_next checkpoint")
+        found = cached("qwen3_next")  # torch-free; generating it needs torch
+        if found is not None:
+            return found
+        from freetoken.models.tiny import default_model_path
+
         return default_model_path(progress=_say)
     if not (model / "config.json").is_file():
         raise FileNotFoundError(f"{model} is not a checkpoint directory (no config.json)")
@@ -168,7 +172,7 @@ def _embedding_dtype(path: Path) -> str | None:
             file = path / weight_map[name]
         else:
             file = path / "model.safetensors"
-        with safe_open(file, framework="pt") as f:
+        with safe_open(file, framework="numpy") as f:  # "pt" would import torch
             name = next(n for n in names if n in f.keys())
             return _SAFETENSORS_DTYPES.get(f.get_slice(name).get_dtype())
     except Exception:  # noqa: BLE001 - unreadable here: the loader reports it properly
@@ -188,25 +192,39 @@ def _stored_mxfp4(model) -> bool:
     quant = raw.get("quantization_config") if isinstance(raw, dict) else None
     return isinstance(quant, dict) and quant.get("quant_method") == "mxfp4"
 
+
+_DEVICE = re.compile(r"(cpu|cuda)(:\d+)?")
+
+
+def device_type(device: str) -> str:
+    """``"cpu"`` or ``"cuda"``: the type of a ``--device`` value (``cpu``, ``cuda``, ``cuda:1``),
+    read without torch.
+
+    Raises:
+        ValueError: any other value.
+    """
+    match = _DEVICE.fullmatch(device)
+    if match is None:
+        raise ValueError(f"--device must be cpu or cuda[:i], got {device!r}")
+    return match[1]
+
+
 def check_moe_flags(args: argparse.Namespace):
     """Validate the device and MoE flags before anything loads; returns the ``MoeConfig``.
+    Imports torch only for a CUDA device (to see that one is available).
 
     Raises:
         ValueError: an unknown or unavailable device, bad MoE settings, or a ``--record-routing``
             path that cannot be written.
     """
-    import torch
+    from freetoken.offload.moe_config import MoeConfig
 
-    from freetoken.offload.backend import MoeConfig
+    kind = device_type(args.device)
+    if kind == "cuda":
+        import torch
 
-    try:
-        device = torch.device(args.device)
-    except RuntimeError:
-        raise ValueError(f"--device must be cpu or cuda[:i], got {args.device!r}") from None
-    if device.type not in ("cpu", "cuda"):
-        raise ValueError(f"--device must be cpu or cuda[:i], got {args.device!r}")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda: no CUDA device is available to torch")
+        if not torch.cuda.is_available():
+            raise ValueError("--device cuda: no CUDA device is available to torch")
     record = args.record_routing
     if record is not None and (record.is_dir() or not record.parent.is_dir()):
         raise ValueError(f"--record-routing {record}: need a file path in an existing folder")
@@ -220,11 +238,11 @@ def check_moe_flags(args: argparse.Namespace):
     if args.moe_backend == "offload" and args.moe_cpu_activations not in ("auto", "fp32"):
         _say(f"note: --moe-cpu-activations {args.moe_cpu_activations} has no effect: --moe-backend "
              "offload fills every miss into the cache, so the CPU expert kernel never runs")
-    if args.moe_backend == "resident" or (args.moe_backend == "auto" and device.type == "cpu"):
+    if args.moe_backend == "resident" or (args.moe_backend == "auto" and kind == "cpu"):
         # on a CPU device resident experts may keep a 4-bit format and its kernel activations
         flags = [("--moe-cache-slots", args.moe_cache_slots),
                  ("--moe-memory-floor", args.moe_memory_floor)]
-        if device.type != "cpu":
+        if kind != "cpu":
             flags.append(("--moe-cpu-activations", None if args.moe_cpu_activations
                           in ("auto", "fp32") else args.moe_cpu_activations))
         for flag, value in flags:
@@ -234,8 +252,10 @@ def check_moe_flags(args: argparse.Namespace):
     return moe
 
 
-def moe_settings(args: argparse.Namespace, path: Path, moe):
-    """``(moe, (B_P, B_H) GB/s or None)`` for the checked ``MoeConfig`` ``moe``.
+def moe_settings(args: argparse.Namespace, path: Path, moe,
+                 manifest: PackedManifest | None = None):
+    """``(moe, (B_P, B_H) GB/s or None)`` for the checked ``MoeConfig`` ``moe`` (``manifest``:
+    ``path``'s packed manifest when it is packed).
 
     The bandwidths come from ``--moe-profile``, else from the stored profile of this model and
     device; when the hybrid split may be used and no profile exists, a quick one (about 1 s) is
@@ -259,7 +279,7 @@ def moe_settings(args: argparse.Namespace, path: Path, moe):
         save_profile,
     )
 
-    bank = planned_bank_dtype(path, args.dtype)
+    bank = planned_bank_dtype(path, args.dtype, manifest)
     file = args.moe_profile or default_profile_path(path, device.type, bank)
     profile = load_profile(file)
     if profile is None and args.moe_profile is not None:
@@ -274,19 +294,19 @@ def moe_settings(args: argparse.Namespace, path: Path, moe):
     return moe, (profile.bandwidth_p_gbps, profile.bandwidth_h_gbps)
 
 
-def memory_plan(args: argparse.Namespace, path: Path, *, meminfo=None, device_memory=None):
+def memory_plan(args: argparse.Namespace, path: Path, *, meminfo=None, device_memory=None,
+                manifest: PackedManifest | None = None):
     """The :class:`~freetoken.engine.memory_plan.MemoryPlan` of the serve flags for the
     checkpoint ``path``, before anything loads (weights from its safetensors headers).
 
     Args:
         meminfo: a ``/proc/meminfo`` reader (tests); device_memory: ``(free, total)`` of the
-            CUDA device (tests; default ``torch.cuda.mem_get_info``).
+            CUDA device (tests; default ``torch.cuda.mem_get_info``, the only use of torch).
+        manifest: ``path``'s packed manifest when it is packed (read by the caller).
 
     Raises:
         PlanError: an explicit budget does not fit (the line to print).
     """
-    import torch
-
     from freetoken.engine.memory_plan import (
         Budgets,
         DeviceMemory,
@@ -296,19 +316,22 @@ def memory_plan(args: argparse.Namespace, path: Path, *, meminfo=None, device_me
         read_meminfo,
     )
 
-    device = torch.device(args.device)
     dev = None
-    if device.type == "cuda":
-        free, total = device_memory or torch.cuda.mem_get_info(device)
+    if device_type(args.device) == "cuda":
+        if device_memory is None:
+            import torch
+
+            device_memory = torch.cuda.mem_get_info(torch.device(args.device))
+        free, total = device_memory
         dev = DeviceMemory(total=total, free=free)
     resident = {"resident": True, "auto": None}.get(args.moe_backend, False)
     width = 2 if args.dtype == "bfloat16" else 4
     return plan_memory(host_memory(meminfo or read_meminfo), dev,
-                       checkpoint_weight_bytes(path, width),
+                       checkpoint_weight_bytes(path, width, manifest),
                        Budgets(kv_cache_bytes=args.kv_cache_bytes,
                                checkpoint_host_bytes=args.state_checkpoint_bytes),
                        experts_resident=resident, checkpoint_slots=args.state_checkpoint_slots,
-                       device_name=str(device))
+                       device_name=args.device)
 
 
 def moe_for_plan(moe: MoeConfig, plan) -> MoeConfig:
@@ -353,11 +376,13 @@ def serve(args: argparse.Namespace) -> int:
     with the progress until it is ready, see ``freetoken.server.loading``). A load that fails
     prints ``[freetoken] error: cannot load ...`` and stops the server: exit status 2 (1 for an
     unexpected exception, with its traceback in the log).
+
+    Nothing here imports torch on a CPU device (see the module docstring); the loader thread
+    does.
     """
-    import torch
     import uvicorn
 
-    from freetoken.engine.async_engine import check_max_model_len
+    from freetoken.engine.context_limit import check_max_model_len
     from freetoken.models.config import ModelConfig
     from freetoken.packed.manifest import is_packed, read_manifest
     from freetoken.server.config import ServerConfig
@@ -383,26 +408,28 @@ def serve(args: argparse.Namespace) -> int:
     except OSError as exc:
         _say(f"error: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}")
         return 2
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
     _say(f"loading {path} ({args.dtype}, {args.device})")
     try:  # the config alone: an unsupported model or context is refused before serving
         check_max_model_len(ModelConfig.from_file(path), path, args.max_model_len)
-        if is_packed(path):  # the manifest and the bank files' sizes (checksums: as read)
-            read_manifest(path)
+        # the manifest and the bank files' sizes (checksums: as read), read once for the
+        # memory plan and the loader
+        manifest = read_manifest(path) if is_packed(path) else None
     except (FileNotFoundError, ValueError) as exc:
         sock.close()
         _say(f"error: cannot load {path}: {exc}")
         return 2
     try:  # explicit budgets that cannot fit are refused before loading
-        plan = memory_plan(args, path)
+        plan = memory_plan(args, path, manifest=manifest)
     except ValueError as exc:
         sock.close()
         _say(f"error: {exc}")
         return 2
     for line in plan.table():
         _say(line)
+    from freetoken.serve_load import BackgroundLoad
+
     state = LoadState()
-    load = BackgroundLoad(args, path, moe, dtype, config, state, plan)
+    load = BackgroundLoad(args, path, moe, config, state, plan, manifest)
     server = _uvicorn_server(uvicorn.Config(LoadingApp(state, config, start=load.start),
                                             log_level=args.log_level), lambda: load.engine)
     load.on_failure = lambda: setattr(server, "should_exit", True)
@@ -421,107 +448,6 @@ def serve(args: argparse.Namespace) -> int:
         sock.close()
         load.stop()
     return load.exit_status
-
-
-class BackgroundLoad:
-    """``AsyncEngine.from_pretrained`` and ``create_app`` in a daemon thread, reporting to a
-    :class:`~freetoken.server.loading.LoadState`.
-
-    Torch and the engine do not need the main thread: the engine already runs the model on its
-    own loop thread, and the loader only allocates and copies tensors. ``on_failure`` is called
-    (from the loader thread) after a failed load printed its error; ``exit_status`` is then 2
-    (1 for an unexpected exception), else 0.
-    """
-
-    def __init__(self, args: argparse.Namespace, path: Path, moe: MoeConfig, dtype: torch.dtype,
-                 config: ServerConfig, state: LoadState, plan=None) -> None:
-        self.args, self.path, self.moe, self.dtype = args, path, moe, dtype
-        self.plan = plan  # the MemoryPlan: budgets not set by flags, GET /v1/freetoken/memory
-        self.config, self.state = config, state
-        self.on_failure: Callable[[], None] = lambda: None
-        self.exit_status = 0
-        self.engine = None  # the loaded AsyncEngine; stop() shuts it down once it serves
-        self._thread = threading.Thread(target=self._run, name="freetoken-load", daemon=True)
-
-    def start(self) -> None:
-        """Start loading (once)."""
-        if not self._thread.is_alive() and self._thread.ident is None:
-            self._thread.start()
-
-    def stop(self, timeout: float = 5.0) -> None:
-        """Cancel a load still running (at its next tensor), wait up to ``timeout`` seconds for
-        the thread, and shut the engine down when one was built."""
-        self.state.close()
-        if self._thread.ident is not None:
-            self._thread.join(timeout)
-        if self.state.app is not None and self.engine is not None:  # else the loader owns it
-            self.engine.shutdown()
-
-    def _run(self) -> None:
-        from freetoken.server.loading import LoadCancelled
-
-        try:
-            self._load()
-            return
-        except LoadCancelled:
-            return
-        except (FileNotFoundError, ValueError) as exc:
-            message, self.exit_status = f"cannot load {self.path}: {exc}", 2
-        except Exception as exc:  # noqa: BLE001 - the process must still exit, not hang
-            logging.getLogger("freetoken.server").exception("loading %s failed", self.path)
-            message, self.exit_status = f"cannot load {self.path}: {type(exc).__name__}: {exc}", 1
-        _say(f"error: {message}")
-        self.state.fail(message)
-        self.on_failure()
-
-    def _load(self) -> None:
-        from freetoken.engine.async_engine import AsyncEngine
-        from freetoken.server.app import create_app
-
-        args, state = self.args, self.state
-        started = time.perf_counter()
-        state.set_stage("profile")
-        moe, bandwidths = moe_settings(args, self.path, moe_for_plan(self.moe, self.plan))
-        engine = AsyncEngine.from_pretrained(
-            self.path, dtype=self.dtype, device=args.device, max_model_len=args.max_model_len,
-            progress=_say, moe=moe, bandwidths=bandwidths, record_routing=args.record_routing,
-            cache=cache_settings(args, self.plan),
-            max_num_batched_tokens=args.max_num_batched_tokens,
-            on_stage=state.set_stage, on_step=_test_delay(state.step))
-        engine.memory_plan = self.plan
-        try:
-            app = create_app(engine, self.config)
-        except BaseException:
-            engine.shutdown()
-            raise
-        self.engine = engine
-        if not state.finish(app):  # the server stopped meanwhile
-            engine.shutdown()
-            return
-        info = engine.info
-        _say(f"loaded {info.model_type} in {time.perf_counter() - started:.1f}s: "
-             f"vocab {info.vocab_size}, context {info.max_model_len} tokens")
-        _say(f"model '{self.config.served_model_name}' ready")
-
-
-# Test-only: seconds the loader sleeps after reading the first tensor, so a test can see the
-# server answer while it loads. Read by the loader thread only; never set it in production.
-TEST_LOAD_DELAY_ENV = "FREETOKEN_TEST_LOAD_DELAY_S"
-
-
-def _test_delay(step: Callable[[LoadStep], None]) -> Callable[[LoadStep], None]:
-    """``step``, sleeping ``$FREETOKEN_TEST_LOAD_DELAY_S`` seconds after its first call."""
-    delay = float(os.environ.get(TEST_LOAD_DELAY_ENV) or 0)
-    if delay <= 0:
-        return step
-    calls = itertools.count()
-
-    def delayed(s: LoadStep) -> None:
-        step(s)
-        if next(calls) == 0:
-            time.sleep(delay)
-
-    return delayed
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -27,6 +27,7 @@ import torch
 
 from freetoken.core import EngineInfo, GenerationOutput, GenerationRequest
 from freetoken.engine.client import EngineClient, EngineDeadError
+from freetoken.engine.context_limit import check_max_model_len
 from freetoken.engine.counters import EngineCounters
 from freetoken.engine.engine import Engine
 from freetoken.engine.recent import RequestTiming
@@ -71,18 +72,6 @@ def pool_context_limit(num_slots: int, page_size: int) -> int:
     (at least 1 token is always allowed).
     """
     return max(1, num_slots - 2 * page_size)
-
-
-def check_max_model_len(config, path: Path, max_model_len: int | None) -> int:
-    """The config's ``max_position_embeddings`` (the default and upper bound of the context).
-
-    Raises:
-        ValueError: ``max_model_len`` is set and outside ``[2, max_position_embeddings]``.
-    """
-    limit = config.max_position_embeddings
-    if max_model_len is not None and not 2 <= max_model_len <= limit:
-        raise ValueError(f"max_model_len must be in [2, {limit}] for {path}, got {max_model_len}")
-    return limit
 
 
 class AsyncEngine(EngineClient):
@@ -155,6 +144,7 @@ class AsyncEngine(EngineClient):
         cache=None,
         on_stage: Callable[[str], None] | None = None,
         on_step: Callable[[LoadStep], None] | None = None,
+        packed=None,
     ) -> "AsyncEngine":
         """Load a checkpoint directory (weights, config and tokenizer) and start the engine.
 
@@ -173,7 +163,10 @@ class AsyncEngine(EngineClient):
             on_stage: called with each load stage as it starts: ``"tokenizer"``, ``"weights"``
                 (building the model and reading the checkpoint), ``"experts"`` (every tensor
                 read: expert banks quantised, pinned and cached), ``"engine"`` (KV pool, loop).
-            on_step: called with a :class:`LoadStep` after every tensor read (bytes so far).
+            on_step: called with a :class:`LoadStep` after every tensor read (bytes so far;
+                the banks' later stages go to the ``progress`` bars and lines only).
+            packed: ``path``'s packed manifest when the caller read it already (None: read by
+                the loader when ``path`` is packed).
 
         Raises:
             FileNotFoundError, ValueError: from the model loader or tokenizer (missing files,
@@ -202,13 +195,20 @@ class AsyncEngine(EngineClient):
         def step(s: LoadStep) -> None:
             if reporter is not None:
                 reporter(s)
+            if s.stage != "read":  # the banks' own stages: on the bars and lines only
+                return
             if on_step is not None:
                 on_step(s)
             if s.done_bytes == s.total_bytes:  # the rest of load_model places the experts
                 stage("experts")
 
-        model = load_model(path, dtype=dtype, device=device, moe=moe, bandwidths=bandwidths,
-                           progress=step if progress is not None or on_step or on_stage else None)
+        try:
+            model = load_model(path, dtype=dtype, device=device, moe=moe, bandwidths=bandwidths,
+                               progress=step if progress is not None or on_step or on_stage
+                               else None, packed=packed)
+        finally:
+            if reporter is not None:
+                reporter.close()
         say(f"weights loaded in {time.perf_counter() - started:.1f}s")
         stage("engine")
         keep_freed_heap()  # the weights keep their mappings; a step's temporaries are reused

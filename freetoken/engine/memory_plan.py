@@ -279,10 +279,11 @@ def host_memory(meminfo: Callable[[], dict[str, int]] = read_meminfo,
     return HostMemory(total=total, available=available)
 
 
-def checkpoint_weight_bytes(path: Path, compute_width: int) -> WeightBytes:
+def checkpoint_weight_bytes(path: Path, compute_width: int, manifest=None) -> WeightBytes:
     """Weight bytes of the checkpoint folder ``path`` from its safetensors headers (no tensor
-    is read): floating tensors at ``compute_width`` bytes per element, others as stored. An
-    unreadable header counts nothing: the loader reports the file properly."""
+    is read): floating tensors at ``compute_width`` bytes per element, others as stored; a
+    packed checkpoint's banks from ``manifest`` (its ``PackedManifest``, read here when None).
+    An unreadable header counts nothing: the loader reports the file properly."""
     experts = other = 0
     for file in sorted(Path(path).glob("*.safetensors")):
         try:
@@ -303,22 +304,24 @@ def checkpoint_weight_bytes(path: Path, compute_width: int) -> WeightBytes:
                 experts += nbytes
             else:
                 other += nbytes
-    return WeightBytes(experts=experts + _packed_expert_bytes(Path(path), compute_width),
+    return WeightBytes(experts=experts + _packed_expert_bytes(Path(path), compute_width,
+                                                              manifest),
                        other=other)
 
 
-def _packed_expert_bytes(path: Path, compute_width: int) -> int:
+def _packed_expert_bytes(path: Path, compute_width: int, manifest=None) -> int:
     """Bytes of a packed checkpoint's expert banks (floating ones at ``compute_width``, as the
     safetensors headers are counted), 0 for a plain checkpoint or an unreadable manifest (the
     loader reports it properly)."""
     from freetoken.packed.manifest import is_packed, read_manifest
 
-    if not is_packed(path):
-        return 0
-    try:
-        manifest = read_manifest(path)
-    except (OSError, ValueError):
-        return 0
+    if manifest is None:
+        if not is_packed(path):
+            return 0
+        try:
+            manifest = read_manifest(path)
+        except (OSError, ValueError):
+            return 0
     width = {"bfloat16": 2, "float32": 4}
     return sum(b.length // width[b.dtype] * compute_width if b.dtype in width else b.length
                for b in manifest.banks)

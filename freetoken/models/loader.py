@@ -32,7 +32,7 @@ from safetensors import safe_open
 
 from freetoken.models.load_progress import LoadProgress, LoadStep
 from freetoken.ops.cpu_moe.quant import dequantize_mxfp4, dequantize_nvfp4
-from freetoken.packed.manifest import is_packed, read_manifest
+from freetoken.packed.manifest import PackedManifest, is_packed, read_manifest
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -116,6 +116,8 @@ class Checkpoint:
             ``[R, C/2]``, ``X_scale`` e4m3 ``[R, C/16]`` and ``X_scale_2`` fp32 ``[R]`` (the
             global, one copy per row); FP8 per-expert weights likewise as ``X`` e4m3 and
             ``X_scale_inv`` fp32 block scales.
+        packed: the directory's packed manifest when the caller has read it already (None:
+            read here when the directory is packed).
 
     Attributes:
         path: the checkpoint directory.
@@ -136,12 +138,14 @@ class Checkpoint:
     def __init__(self, path: str | Path, fused_experts: bool = True,
                  mtp_from_layer: int | None = None, oss_experts: bool = False,
                  raw_mxfp4: bool = False, nvfp4: bool = False,
-                 raw_experts: bool = False) -> None:
+                 raw_experts: bool = False, packed: PackedManifest | None = None) -> None:
         self.path = Path(path)
         self._mtp_from = mtp_from_layer
         self._oss, self._raw_mxfp4 = oss_experts, raw_mxfp4
         self._nvfp4, self._raw_experts = nvfp4, raw_experts
-        self.packed = read_manifest(self.path) if is_packed(self.path) else None
+        if packed is None and is_packed(self.path):
+            packed = read_manifest(self.path)
+        self.packed = packed
         index = self.path / INDEX_FILE
         single = self.path / SINGLE_FILE
         if index.is_file():
@@ -315,14 +319,16 @@ class Checkpoint:
         self._dtypes[canonical] = dtype
 
     @classmethod
-    def for_config(cls, path: str | Path, config, raw_experts: bool = False) -> "Checkpoint":
+    def for_config(cls, path: str | Path, config, raw_experts: bool = False,
+                   packed: PackedManifest | None = None) -> "Checkpoint":
         """The checkpoint at ``path`` read as ``config`` (a ``ModelConfig``) says: GLM's MTP
         layers skipped, gpt-oss's expert names, NVFP4 weights; ``raw_experts`` gives quantised
-        routed experts as stored (MXFP4, NVFP4) for host banks in that format."""
+        routed experts as stored (MXFP4, NVFP4) for host banks in that format; ``packed``: its
+        packed manifest, when already read."""
         return cls(path, mtp_from_layer=config.num_hidden_layers if config.mtp_layers else None,
                    oss_experts=config.model_type == "gpt_oss",
                    raw_mxfp4=raw_experts and config.quant_method == "mxfp4",
-                   nvfp4=config.quant_method == "nvfp4", raw_experts=raw_experts)
+                   nvfp4=config.quant_method == "nvfp4", raw_experts=raw_experts, packed=packed)
 
     def read(self, handle, name: str) -> torch.Tensor:
         """Tensor ``name`` (canonical) read from ``handle``, the open ``safe_open`` of

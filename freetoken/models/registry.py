@@ -43,7 +43,7 @@ logger = logging.getLogger("freetoken.models")
 def load_model(path: str | Path, dtype: torch.dtype = torch.float32,
                device: str = "cpu", moe=None,
                bandwidths: tuple[float, float] | None = None,
-               progress: LoadProgress | None = None) -> CausalLM:
+               progress: LoadProgress | None = None, packed=None) -> CausalLM:
     """Load an HF checkpoint directory (``config.json`` + safetensors), or a packed one
     (``freetoken convert``), as a FreeToken model.
 
@@ -56,6 +56,8 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32,
             ``resident``) keeps every expert on the device as a parameter.
         bandwidths: profiled ``(B_P, B_H)`` in GB/s for the hybrid miss split.
         progress: receives a ``LoadStep`` after every tensor read (``load_progress``), or None.
+        packed: ``path``'s :class:`~freetoken.packed.manifest.PackedManifest` when the caller
+            read it already (None: read here when ``path`` is packed).
 
     Returns:
         the model in eval mode, parameters without grad.
@@ -78,7 +80,7 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32,
     if arch not in MODEL_CLASSES:
         raise unsupported_architecture_error(arch)
     config = ModelConfig.from_hf(with_modelopt_config(path, raw))
-    checkpoint = Checkpoint.for_config(path, config)
+    checkpoint = Checkpoint.for_config(path, config, packed=packed)
     vision = sum(name.startswith("model.visual.") for name in checkpoint.ignored)
     if vision:
         logger.info("vision tower not loaded (%d tensors): serving the text model only", vision)

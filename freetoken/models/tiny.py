@@ -18,7 +18,6 @@ departs from the seeded random init.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -32,29 +31,25 @@ from freetoken.models import tiny_mxfp4, tiny_nvfp4
 from freetoken.models.config import ModelConfig
 from freetoken.models.tiny_calibrate import TARGET_END_PROB, calibrate_im_end
 from freetoken.models.tiny_fp8 import quantization_config
+from freetoken.models.tiny_cache import (  # noqa: F401 - GENERATOR_VERSION re-exported
+    GENERATOR_VERSION,
+    STAMP_FILE,
+    cache_path,
+    chat_template,
+    matches,
+    stamp,
+)
 from freetoken.models.tiny_presets import preset_config
 from freetoken.models.tiny_tokens import (
     TOKENIZER_FILE, end_of_turn, family_tokenizer, stop_tokens, token_id, tokenizer_config,
     tokenizer_size,
 )
 from freetoken.models.tiny_weights import write_safetensors
-from freetoken.paths import TEMPLATES_DIR, cache_dir
 
-# Bump whenever the generated files change for the same inputs (cached copies are then rebuilt).
-GENERATOR_VERSION = 2
-STAMP_FILE = "freetoken_tiny.json"
-_STAMP_KEYS = ("version", "arch", "preset", "seed", "config_overrides", "inputs_sha256")
 FP8_BLOCK = (128, 128)
 VISION_TOKENS = {"image_token_id": "<|image_pad|>", "video_token_id": "<|video_pad|>",
                  "vision_start_token_id": "<|vision_start|>",
                  "vision_end_token_id": "<|vision_end|>"}
-
-
-def _template(arch: str) -> str:
-    path = TEMPLATES_DIR / f"{arch}.jinja"
-    if not path.is_file():
-        raise FileNotFoundError(f"chat template {path} not found")
-    return path.read_text(encoding="utf-8")
 
 
 def _write_json(path: Path, data: dict) -> None:
@@ -105,7 +100,7 @@ def make_tiny(arch: str, preset: str, out_dir: str | Path, seed: int = 0,
     if config.tie_word_embeddings:
         raise ValueError("make_tiny: tie_word_embeddings is unsupported (the <|im_end|> row of "
                          "lm_head is calibrated separately from the embedding)")
-    template = _template(arch)
+    template = chat_template(arch)
     out.mkdir(parents=True, exist_ok=True)
     if weights not in ("bf16", "fp8", "nvfp4"):
         raise ValueError(f"make_tiny: weights must be 'bf16', 'fp8' or 'nvfp4', got {weights!r}")
@@ -142,9 +137,9 @@ def make_tiny(arch: str, preset: str, out_dir: str | Path, seed: int = 0,
                 tokenizer_config(arch, tokenizer, template, config.max_position_embeddings))
     dtype = torch.bfloat16 if preset == "small" else torch.float32
     scale = calibrate_im_end(out, eos, dtype, seed)
-    stamp = _stamp(arch, preset, seed, config_overrides)
-    stamp.update(im_end_row_scale=scale, im_end_target_prob=TARGET_END_PROB)
-    _write_json(out / STAMP_FILE, stamp)
+    made_from = stamp(arch, preset, seed, config_overrides)
+    made_from.update(im_end_row_scale=scale, im_end_target_prob=TARGET_END_PROB)
+    _write_json(out / STAMP_FILE, made_from)
     return out
 
 
@@ -163,21 +158,6 @@ def _not_converted(files: list[Path]) -> list[str]:
                   and n + "_scale" not in names)
 
 
-def _stamp(arch: str, preset: str, seed: int, overrides: dict | None = None) -> dict:
-    """What a generated checkpoint was made from (a cached one is reused only if it matches)."""
-    digest = hashlib.sha256(TOKENIZER_FILE.read_bytes() + _template(arch).encode()).hexdigest()
-    return {"version": GENERATOR_VERSION, "arch": arch, "preset": preset, "seed": seed,
-            "config_overrides": overrides or {}, "inputs_sha256": digest}
-
-
-def _matches(path: Path, stamp: dict) -> bool:
-    try:
-        found = json.loads((path / STAMP_FILE).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
-        return False
-    return all(found.get(k) == stamp[k] for k in _STAMP_KEYS)
-
-
 def cached_tiny(arch: str, preset: str = "tiny", seed: int = 0,
                 progress: Callable[[str], None] | None = None) -> Path:
     """A checkpoint under ``cache_dir()/models/<preset>-<arch>``, generated on first use.
@@ -189,10 +169,10 @@ def cached_tiny(arch: str, preset: str = "tiny", seed: int = 0,
     Raises:
         FileNotFoundError: the chat template is missing (see :func:`make_tiny`).
     """
-    root = cache_dir() / "models"
-    final = root / f"{preset}-{arch}"
-    stamp = _stamp(arch, preset, seed)
-    if _matches(final, stamp):
+    final = cache_path(arch, preset)
+    root = final.parent
+    expected = stamp(arch, preset, seed)
+    if matches(final, expected):
         return final
     if progress:
         progress(f"generating {preset} {arch} checkpoint in {final}")
@@ -208,7 +188,7 @@ def cached_tiny(arch: str, preset: str = "tiny", seed: int = 0,
         os.rename(tmp, final)
     except OSError:
         shutil.rmtree(tmp, ignore_errors=True)
-        if _matches(final, stamp):
+        if matches(final, expected):
             return final  # another process finished first
         raise
     finally:

@@ -8,6 +8,12 @@ Host expert banks (``banks``), one device expert cache with a tensor control pat
 (``policies``, ``replay``).
 """
 
+from __future__ import annotations
+
+import importlib
+
+# the offline policies and their replay need numpy only: imported here (``replay`` names both a
+# submodule and its function; importing the function last keeps the function)
 from freetoken.offload.policies import (
     LRU,
     Access,
@@ -22,38 +28,23 @@ from freetoken.offload.policies import (
     top_ids,
     uniform_hot_set,
 )
-from freetoken.offload.profile import (
-    MoeProfile,
-    default_profile_path,
-    load_profile,
-    measure_profile,
-    save_profile,
-)
-from freetoken.offload.recorder import RoutingRecorder
 from freetoken.offload.replay import ReplayCounts, ReplayStep, build_steps, replay, schedule
 
-__all__ = [
-    "LRU",
-    "Access",
-    "MoeProfile",
-    "RoutingRecorder",
-    "default_profile_path",
-    "load_profile",
-    "measure_profile",
-    "save_profile",
-    "Belady",
-    "BeladyBypass",
-    "CachePolicy",
-    "DecayedLFU",
-    "FrequencyOracle",
-    "PrefillHotSet",
-    "ReplayCounts",
-    "ReplayStep",
-    "StaticHotSet",
-    "access_counts",
-    "build_steps",
-    "replay",
-    "schedule",
-    "top_ids",
-    "uniform_hot_set",
-]
+# name -> submodule importing torch: imported on first use, so that the light modules of this
+# package (``control``, ``moe_config``) load without torch (``freetoken serve`` answers /health
+# before torch is imported)
+_LAZY = {
+    **dict.fromkeys(("MoeProfile", "default_profile_path", "load_profile", "measure_profile",
+                     "save_profile"), "profile"),
+    "RoutingRecorder": "recorder",
+}
+__all__ = sorted([*_LAZY, "LRU", "Access", "Belady", "BeladyBypass", "CachePolicy",
+                  "DecayedLFU", "FrequencyOracle", "PrefillHotSet", "StaticHotSet",
+                  "access_counts", "top_ids", "uniform_hot_set", "ReplayCounts", "ReplayStep",
+                  "build_steps", "replay", "schedule"])
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)

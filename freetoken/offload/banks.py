@@ -34,10 +34,9 @@ import torch
 from freetoken.huge_pages import advise_huge_pages
 from freetoken.models.loader import WeightTarget
 from freetoken.models.moe_forward import ClampedSwiGLU
+from freetoken.offload.moe_config import EXPERT_FORMATS
 from freetoken.ops.cpu_moe.formats import ExpertBankView, build_banks, dequantize_bank
 from freetoken.packed.aligned import aligned_empty
-
-EXPERT_FORMATS = ("dense", "mxfp4", "q4g")
 
 logger = logging.getLogger("freetoken.offload")
 

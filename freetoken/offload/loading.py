@@ -15,6 +15,7 @@ from torch import nn
 
 from freetoken.models.config import ModelConfig
 from freetoken.models.decoder import DecoderLM
+from freetoken.models.load_progress import report_stage
 from freetoken.models.loader import Checkpoint, WeightTarget
 from freetoken.offload.backend import (
     CUDA_RESERVE_FRACTION,
@@ -25,6 +26,11 @@ from freetoken.offload.backend import (
     resolve_backend,
     resolve_cpu_activations,
     resolve_slots,
+)
+from freetoken.offload.bank_pages import (
+    BackgroundCollapse,
+    collapse_banks,
+    fill_on_small_pages,
 )
 from freetoken.offload.banks import ExpertBanks
 from freetoken.offload.cache import ExpertCache, slot_bytes
@@ -113,17 +119,17 @@ def stored_expert_format(checkpoint: Checkpoint, config: ModelConfig) -> str | N
     return {"MXFP4": "mxfp4", "NVFP4": "nvfp4"}.get(stored)
 
 
-def planned_bank_dtype(path, compute_dtype: str) -> str:
+def planned_bank_dtype(path, compute_dtype: str, packed=None) -> str:
     """The bank dtype name (``"bfloat16"`` / ``"float32"``) the loader will choose for the
     checkpoint at ``path`` computed in ``compute_dtype`` (``"float32"`` / ``"bfloat16"``); used to
-    key the stored B_P/B_H profile.
+    key the stored B_P/B_H profile. ``packed``: ``path``'s packed manifest, when already read.
 
     Raises:
         FileNotFoundError, ValueError: as :class:`Checkpoint` and ``ModelConfig.from_file``.
     """
     config = ModelConfig.from_file(path)
     dtype = torch.bfloat16 if compute_dtype == "bfloat16" else torch.float32
-    checkpoint = Checkpoint.for_config(path, config)
+    checkpoint = Checkpoint.for_config(path, config, packed=packed)
     return str(bank_dtype(checkpoint, dtype, first_expert_tensor(config))).removeprefix("torch.")
 
 
@@ -185,7 +191,8 @@ def build_offloaded(model_cls: type[DecoderLM], config: ModelConfig, checkpoint:
                         config.moe_intermediate_size, bdtype, stored or "dense", swiglu,
                         config.quant_block)
     if stored:  # the codes and scales go into the banks as stored
-        checkpoint = Checkpoint.for_config(checkpoint.path, config, raw_experts=True)
+        checkpoint = Checkpoint.for_config(checkpoint.path, config, raw_experts=True,
+                                           packed=checkpoint.packed)
     stand_ins: list[OffloadedExperts] = []
 
     def factory(_layer: int, moe_layer: int) -> OffloadedExperts:
@@ -193,11 +200,19 @@ def build_offloaded(model_cls: type[DecoderLM], config: ModelConfig, checkpoint:
         return stand_ins[-1]
 
     model = model_cls(config, dtype=dtype, device=device, experts_factory=factory)
+    fill_on_small_pages((banks,))
     load_checkpoint(checkpoint, model.weight_targets(), progress, banks=(banks,))
     if moe.expert_format != "dense" and banks.view is None:
+        dense_bytes = banks.nbytes  # the stage's bytes: the dense banks it reads
+        report_stage(progress, "quantise", 0, dense_bytes)
         banks.quantize(moe.expert_format)
+        report_stage(progress, "quantise", dense_bytes, dense_bytes)
     if device.type == "cuda":
+        if backend != "offload":  # the CPU kernel streams the banks; before pinning: pinned
+            collapse_banks((banks,), progress)  # pages cannot be collapsed
+        report_stage(progress, "pin", 0, banks.nbytes)
         banks.pin()
+        report_stage(progress, "pin", banks.nbytes, banks.nbytes)
     slot = slot_bytes(banks.hidden, banks.intermediate, dtype)
     free = device_free_bytes(device)
     budget = int(free * (1 - CUDA_RESERVE_FRACTION)) if free is not None else None
@@ -220,6 +235,9 @@ def build_offloaded(model_cls: type[DecoderLM], config: ModelConfig, checkpoint:
     for stand_in in stand_ins:
         stand_in.runtime = runtime
     model.moe_runtime = runtime
+    # last, so the rest of the load does not share the CPU with it: the server answers while
+    # the banks move onto 2 MiB pages (done already for a CUDA device)
+    model.bank_collapse = BackgroundCollapse((banks,)) if device.type != "cuda" else None
     logger.info("moe backend %s: %d of %d experts cached on %s (%.1f MiB), banks %.1f MiB %s%s, "
                 "cpu activations %s",
                 backend, slots, banks.num_ids, device, slots * slot / 2**20,

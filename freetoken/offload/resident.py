@@ -22,8 +22,10 @@ from freetoken.core import ResidentExperts
 from freetoken.huge_pages import advise_huge_pages
 from freetoken.models.config import ModelConfig
 from freetoken.models.decoder import DecoderLM
+from freetoken.models.load_progress import report_stage
 from freetoken.models.loader import Checkpoint, WeightTarget
 from freetoken.offload.backend import MoeConfig, check_stored_activations, resolve_cpu_activations
+from freetoken.offload.bank_pages import BackgroundCollapse, fill_on_small_pages
 from freetoken.offload.banks import ExpertBanks
 from freetoken.models.moe_forward import ClampedSwiGLU, grouped_swiglu
 from freetoken.ops.cpu_moe.cpu import cpu_moe_banks
@@ -210,13 +212,20 @@ def build_resident_banks(model_cls: type[DecoderLM], config: ModelConfig,
         return BankExperts(layers[-1], activations)
 
     if stored:
-        checkpoint = Checkpoint.for_config(checkpoint.path, config, raw_experts=True)
+        checkpoint = Checkpoint.for_config(checkpoint.path, config, raw_experts=True,
+                                           packed=checkpoint.packed)
     model = model_cls(config, dtype=dtype, device="cpu", experts_factory=factory)
     advise_huge_pages(model.parameters())
+    fill_on_small_pages(layers)
     load_checkpoint(checkpoint, model.weight_targets(), progress, banks=layers)
-    if not stored:
+    if not stored:  # per-layer banks: the quantise bar moves layer by layer
+        total, done = sum(b.nbytes for b in layers), 0
+        report_stage(progress, "quantise", 0, total)
         for banks in layers:
+            done += banks.nbytes  # dense bytes, before the conversion shrinks them
             banks.quantize(fmt)
+            report_stage(progress, "quantise", done, total)
+    model.bank_collapse = BackgroundCollapse(layers)  # a CPU device: serve meanwhile
     logger.info("moe backend resident: routed experts kept %s on the CPU (%s), cpu activations "
                 "%s", fmt if stored else f"in {fmt}",
                 format_bytes(sum(b.nbytes for b in layers)), activations)

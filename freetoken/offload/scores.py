@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-POLICIES = ("lru", "lfu-decay")
+from freetoken.offload.moe_config import POLICIES  # noqa: F401 - re-exported
 
 
 class EvictionScores:

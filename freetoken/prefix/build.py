@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import torch
 
 from freetoken.prefix.anchors import AnchorMarkers, AnchorPolicy
+from freetoken.prefix.defaults import DEFAULT_MAX_RUNNING_REQUESTS
 from freetoken.prefix.manager import (
     DEFAULT_CHECKPOINT_HOST_BYTES,
     DEFAULT_CHECKPOINT_SLOTS,
@@ -17,7 +18,6 @@ from freetoken.prefix.manager import (
     default_num_pages,
 )
 
-DEFAULT_MAX_RUNNING_REQUESTS = 8
 DEFAULT_KV_MEMORY_FRACTION = 0.25
 
 

@@ -28,13 +28,14 @@ import torch
 
 from freetoken.prefix.anchors import AnchorKind, AnchorMarkers, AnchorPolicy, find_anchors
 from freetoken.prefix.checkpoints import CheckpointStore, RecurrentLayout
+from freetoken.prefix.defaults import (  # noqa: F401 - re-exported
+    DEFAULT_CHECKPOINT_HOST_BYTES,
+    DEFAULT_CHECKPOINT_SLOTS,
+    DEFAULT_PAGE_SIZE,
+)
 from freetoken.prefix.kv_pool import KVLayout, KVPagePool, OutOfPages
 from freetoken.prefix.radix import RadixNode, RadixTree
 
-GiB = 1 << 30
-DEFAULT_PAGE_SIZE = 16
-DEFAULT_CHECKPOINT_SLOTS = 8
-DEFAULT_CHECKPOINT_HOST_BYTES = 16 * GiB
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,17 @@ the model loads (``/health`` 503 with the progress, every route 503 in its API's
 loader thread then hands every request to ``create_app(engine, ServerConfig(...))``.
 """
 
-from freetoken.server.app import create_app
+from __future__ import annotations
+
 from freetoken.server.config import ServerConfig
 
 __all__ = ["ServerConfig", "create_app"]
+
+
+def __getattr__(name: str):
+    # the app (and torch with it) is imported on first use: the loading server runs without it
+    if name == "create_app":
+        from freetoken.server.app import create_app
+
+        return create_app
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -27,7 +27,7 @@ from freetoken.server.config import ServerConfig
 from freetoken.server.errors import APIError, api_for_path, error_response
 from freetoken.server.metrics import CONTENT_TYPE, render_loading_metrics
 from freetoken.server.middleware import ErrorNetMiddleware, GuardMiddleware
-from freetoken.server.ui_routes import mount_ui
+from freetoken.server.ui_static import mount_ui
 
 # Seconds a client is told to wait before retrying a request refused while the model loads.
 RETRY_AFTER_S = 5

@@ -7,20 +7,15 @@ route, so ``--api-key`` protects it like every other one (the page asks for the 
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from fastapi import APIRouter
-from starlette.applications import Starlette
 from starlette.responses import RedirectResponse, Response
-from starlette.staticfiles import StaticFiles
 
 from freetoken.server.context import ServerContext
 from freetoken.server.status import StatusBuilder
 from freetoken.server.status_models import Status
+from freetoken.server.ui_static import UI_DIR, mount_ui
 
-UI_DIR = Path(__file__).with_name("ui")
-"""The page's static files (``index.html``, ``style.css``, ``charts.js``, ``api.js``, ``chat.js``,
-``app.js``; ``screenshot.png`` is the README's, not in the wheel)."""
+__all__ = ["UI_DIR", "mount_ui", "status_router"]
 
 
 def status_router(ctx: ServerContext) -> APIRouter:
@@ -42,7 +37,3 @@ def status_router(ctx: ServerContext) -> APIRouter:
 
     return router
 
-
-def mount_ui(app: Starlette) -> None:
-    """Serve ``UI_DIR`` at ``/ui/`` (``index.html`` for the folder itself)."""
-    app.mount("/ui", StaticFiles(directory=UI_DIR, html=True), name="ui")

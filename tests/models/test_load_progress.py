@@ -96,3 +96,60 @@ def test_from_pretrained_reports_its_stages_and_bytes(tiny_checkpoint, tmp_path)
         assert engine.is_healthy()
     finally:
         engine.shutdown()
+
+
+def test_off_a_terminal_one_line_per_later_stage() -> None:
+    lines: list[str] = []
+    times = iter([0.0, 2.0, 4.0, 5.0, 10.0, 10.25])
+    report = load_reporter(lines.append, terminal=False, clock=lambda: next(times))
+    gib = 2**30
+    report(LoadStep(gib, gib, 1, 1, True))  # one file: no line of its own
+    report(LoadStep(0, 4 * gib, 1, 1, False, "quantise"))  # starts at 2.0
+    report(LoadStep(2 * gib, 4 * gib, 1, 1, False, "quantise"))
+    report(LoadStep(4 * gib, 4 * gib, 1, 1, True, "quantise"))  # done at 4.0
+    report(LoadStep(0, 2 * gib, 1, 1, False, "pin"))  # starts at 5.0
+    report(LoadStep(2 * gib, 2 * gib, 1, 1, True, "pin"))  # done at 10.0
+    report.close()
+    assert lines == ["quantise: 4.00 GiB in 2.0 s, 2.15 GB/s",
+                     "pin: 2.00 GiB in 5.0 s, 0.43 GB/s"]
+
+
+def test_on_a_terminal_one_bar_per_stage() -> None:
+    import io
+
+    from rich.console import Console
+
+    out = io.StringIO()
+    report = load_reporter(lambda _m: None, terminal=True,
+                           console=Console(file=out, force_terminal=True, width=140))
+    gib = 2**30
+    for done, shard in ((gib, 1), (2 * gib, 1), (3 * gib, 2)):
+        report(LoadStep(done, 3 * gib, shard, 2, done in (2 * gib, 3 * gib)))
+    report(LoadStep(0, 2 * gib, 1, 1, False, "pin"))
+    report(LoadStep(2 * gib, 2 * gib, 1, 1, True, "pin"))
+    report.close()
+    text = out.getvalue()
+    for part in ("[freetoken] read", "[freetoken] pin", "shard 2/2", "ETA", "3.2/3.2 GB"):
+        assert part in text, text
+
+
+def test_quantising_the_banks_is_a_stage_of_its_own(tiny_checkpoint) -> None:
+    """The offloaded banks quantised at load report the dense bytes they convert, after the read
+    (only the read counts on /health: ``from_pretrained``'s ``on_step``)."""
+    from freetoken.offload.backend import MoeConfig
+
+    src = tiny_checkpoint("qwen3_moe")
+    steps: list[LoadStep] = []
+    model = load_model(src, moe=MoeConfig(backend="offload", cache="2", expert_format="mxfp4"),
+                       progress=steps.append)
+    config = ModelConfig.from_file(src)
+    layers = sum(config.is_moe_layer(i) for i in range(config.num_hidden_layers))
+    # bf16 banks (the checkpoint is stored in bf16): 2 bytes per weight
+    dense = layers * config.num_experts * 3 * config.hidden_size * config.moe_intermediate_size * 2
+    stages = [s.stage for s in steps]
+    reads = stages.count("read")
+    # a CPU device: the 4-bit banks then move onto 2 MiB pages in the background, no stage
+    assert stages == ["read"] * reads + ["quantise", "quantise"]
+    quantise = steps[reads:]
+    assert [(s.done_bytes, s.total_bytes) for s in quantise] == [(0, dense), (dense, dense)]
+    assert model.moe_runtime.banks.format == "mxfp4" and model.bank_collapse.wait(60)

@@ -1,31 +1,25 @@
 """``freetoken.huge_pages``: the span it advises, and that Linux then backs the tensor with
-2 MiB pages (read back from /proc/self/smaps) wherever transparent huge pages are not off."""
+2 MiB pages (read back from /proc/self/smaps) wherever transparent huge pages are not off, on
+first touch or, for pages written small, by collapsing them."""
 
 from __future__ import annotations
 
 import re
 import sys
-from pathlib import Path
 
 import torch
 
 from freetoken.heap import MMAP_THRESHOLD
-from freetoken.huge_pages import HUGE_PAGE, advise_huge_pages, huge_span
-
-THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
-
-
-def _anon_huge_bytes(address: int, size: int) -> int:
-    """AnonHugePages of the mappings of /proc/self/smaps inside [address, address + size)."""
-    total, inside = 0, False
-    for line in Path("/proc/self/smaps").read_text().splitlines():
-        head = re.match(r"^([0-9a-f]+)-([0-9a-f]+) ", line)
-        if head:
-            lo, hi = int(head[1], 16), int(head[2], 16)
-            inside = lo < address + size and hi > address
-        elif inside and line.startswith("AnonHugePages:"):
-            total += int(line.split()[1]) * 1024
-    return total
+from freetoken.huge_pages import (
+    COLLAPSE_PIECE,
+    HUGE_PAGE,
+    MADV_NOHUGEPAGE,
+    advise_huge_pages,
+    anon_huge_bytes,
+    collapse_huge_pages,
+    huge_span,
+)
+from tests.unit.smaps import THP, anon_huge_in, collapse_supported
 
 
 def test_span_is_the_whole_huge_pages_inside_the_storage() -> None:
@@ -51,8 +45,29 @@ def test_advised_tensor_is_backed_by_huge_pages() -> None:
     assert advised == size  # the second view shares the storage; the small tensor spans none
     weights.fill_(1.0)  # first touch
     mode = re.search(r"\[(\w+)\]", THP.read_text())[1] if THP.exists() else "never"
-    huge = _anon_huge_bytes(address, size)
+    huge = anon_huge_in(address, size)
     if mode == "never":
         assert huge == 0
     else:  # the kernel may fall back to small pages when memory is fragmented: most, not all
         assert huge >= size // 2
+
+
+def test_small_pages_written_then_collapsed_keep_their_bytes() -> None:
+    # 96 MiB: a fresh mapping (see above); advised small pages, so the writes take 4 KiB pages
+    data = torch.empty(48 * HUGE_PAGE, dtype=torch.uint8)
+    address, size = huge_span(data)
+    advised = advise_huge_pages([data], MADV_NOHUGEPAGE)
+    assert advised == (size if sys.platform.startswith("linux") and THP.exists() else 0)
+    data.copy_(torch.arange(data.numel(), dtype=torch.int64).remainder(251).to(torch.uint8))
+    if collapse_supported():
+        assert anon_huge_in(address, size) == 0
+    pieces: list[int] = []
+    collapsed = collapse_huge_pages([data, data[:10]], progress=pieces.append)
+    assert sum(pieces) == size and max(pieces) == COLLAPSE_PIECE  # every piece, once
+    assert torch.equal(data, torch.arange(data.numel()).remainder(251).to(torch.uint8))
+    if not collapse_supported():
+        assert collapsed == 0
+        return
+    # a piece the kernel cannot collapse now (no free 2 MiB page) stays small: most, not all
+    assert collapsed >= size // 2 and anon_huge_in(address, size) >= collapsed
+    assert anon_huge_bytes() >= collapsed
