@@ -52,8 +52,7 @@ def test_the_huge_pages_stage_reports_and_keeps_the_bytes() -> None:
     before = [t.clone() for t in (banks.gate_up, banks.down)]
     spans = huge_spans([banks.gate_up, banks.down])
     total = sum(size for _address, size in spans)
-    if collapse_supported():
-        assert _huge_bytes(spans) == 0
+    # no check that the fill left small pages: memory the allocator reuses may already be huge
     steps: list[LoadStep] = []
     collapsed = collapse_banks([banks], steps.append)
     assert steps[0] == LoadStep(0, total, 1, 1, False, "huge pages")

@@ -59,8 +59,8 @@ def test_small_pages_written_then_collapsed_keep_their_bytes() -> None:
     advised = advise_huge_pages([data], MADV_NOHUGEPAGE)
     assert advised == (size if sys.platform.startswith("linux") and THP.exists() else 0)
     data.copy_(torch.arange(data.numel(), dtype=torch.int64).remainder(251).to(torch.uint8))
-    if collapse_supported():
-        assert anon_huge_in(address, size) == 0
+    # no check that the writes took small pages: after other tests the allocator may hand out
+    # memory that is already huge (glibc raises its mmap threshold as large blocks are freed)
     pieces: list[int] = []
     collapsed = collapse_huge_pages([data, data[:10]], progress=pieces.append)
     assert sum(pieces) == size and max(pieces) == COLLAPSE_PIECE  # every piece, once
