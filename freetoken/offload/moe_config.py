@@ -22,6 +22,12 @@ _INT = re.compile(r"^\s*\d+\s*$")
 _FRACTION = re.compile(r"^\s*\d*\.\d*\s*$")
 
 
+def _check_choice(label: str, value: str, choices: tuple[str, ...]) -> None:
+    """ValueError ``unknown <label> '<value>'; choose one of <choices>`` unless ``value`` is one."""
+    if value not in choices:
+        raise ValueError(f"unknown {label} {value!r}; choose one of {', '.join(choices)}")
+
+
 @dataclass(frozen=True)
 class MoeConfig:
     """MoE backend settings (one frozen object, validated on construction).
@@ -77,24 +83,16 @@ class MoeConfig:
     default_cache_bytes: int | None = None
 
     def __post_init__(self) -> None:
-        if self.backend not in MOE_BACKENDS:
-            raise ValueError(f"unknown --moe-backend {self.backend!r}; choose one of "
-                             f"{', '.join(MOE_BACKENDS)}")
-        if self.policy not in POLICIES:
-            raise ValueError(f"unknown --moe-policy {self.policy!r}; choose one of "
-                             f"{', '.join(POLICIES)}")
-        if self.split is not None and self.split not in MODES:
-            raise ValueError(f"unknown miss split {self.split!r}; choose one of {', '.join(MODES)}")
+        _check_choice("--moe-backend", self.backend, MOE_BACKENDS)
+        _check_choice("--moe-policy", self.policy, POLICIES)
+        if self.split is not None:
+            _check_choice("miss split", self.split, MODES)
         if self.cache is not None:
             parse_cache_spec(self.cache)
         if self.ratio is not None and not self.ratio > 0:
             raise ValueError(f"split ratio must be > 0, got {self.ratio}")
-        if self.expert_format not in EXPERT_FORMATS:
-            raise ValueError(f"unknown --moe-expert-format {self.expert_format!r}; choose one of "
-                             f"{', '.join(EXPERT_FORMATS)}")
-        if self.cpu_activations not in CPU_ACTIVATION_CHOICES:
-            raise ValueError(f"unknown --moe-cpu-activations {self.cpu_activations!r}; choose one "
-                             f"of {', '.join(CPU_ACTIVATION_CHOICES)}")
+        _check_choice("--moe-expert-format", self.expert_format, EXPERT_FORMATS)
+        _check_choice("--moe-cpu-activations", self.cpu_activations, CPU_ACTIVATION_CHOICES)
         if self.cpu_activations == "q8" and self.expert_format not in ("mxfp4", "q4g"):
             raise ValueError(f"--moe-cpu-activations q8 needs 4-bit host expert banks: use "
                              f"--moe-expert-format mxfp4 or q4g (got {self.expert_format})")
